@@ -1,0 +1,51 @@
+"""How functions, arguments and results travel between the notebook and the ranks.
+
+cloudpickle carries functions and classes defined in notebook cells by value. Two adjustments:
+- cloudpickle renames every code object's file to ``<dynamic-code>``; we keep the real name (the cell's),
+  so that a rank's traceback can show the cell's lines;
+- tensors on an accelerator travel as CPU tensors: unpickling a CUDA tensor in the kernel would create
+  a CUDA context there and take memory on GPU 0, which a shared GPU box cannot afford.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import types
+
+import cloudpickle
+import torch
+
+
+def _named_code(code: types.CodeType, filename: str) -> types.CodeType:
+    return code.replace(co_filename=filename)
+
+
+def _same(x):
+    return x
+
+
+class _Pickler(cloudpickle.Pickler):
+    def __init__(self, file):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._copies: dict[int, types.CodeType] = {}  # id -> copy, kept alive while pickling
+
+    def reducer_override(self, obj):
+        if type(obj) is types.CodeType and id(obj) not in self._copies:
+            # A copy, not obj itself: pickle would answer a reference to obj inside its own reduction
+            # with the inner (renamed) object. The copy takes cloudpickle's own path.
+            copy = obj.replace()
+            self._copies[id(copy)] = copy
+            return _named_code, (copy, obj.co_filename)
+        if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
+            return _same, (obj.detach().to("cpu"),)
+        return super().reducer_override(obj)
+
+
+def dumps(obj) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf).dump(obj)
+    return buf.getvalue()
+
+
+loads = cloudpickle.loads

@@ -1,0 +1,152 @@
+"""What one rank runs, inside a process forked by the zygote.
+
+The kernel sends a plain dict (the *spec*) over the rank's control socket. The rank takes on the
+kernel's environment, ``sys.path``, working directory and cell sources (so tracebacks show cell
+lines), joins the process group, runs the function and sends back its result or its error.
+
+It then keeps its process group open until the kernel says ``done``: a rank that tore down early would
+make its peers fail with "Connection closed by peer", hiding the real cause. A watcher thread answers
+requests for the rank's current stack (shown when a collective hangs) and ends the process at once if
+the kernel disappears, so no rank outlives its notebook. Taught in chapter 00.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import linecache
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+import torch
+import torch.distributed as dist
+
+from parlab.launch import _pickling
+from parlab.launch.errors import classify_exception
+
+_LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
+
+
+class _Channel:
+    """The rank's end of the control socket: locked sends, and a watcher thread for requests."""
+
+    def __init__(self, fd: int):
+        self.conn = Connection(fd)
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.main_thread = threading.main_thread().ident
+
+    def send(self, msg) -> None:
+        with self.lock:
+            self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def watch(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                os._exit(1)  # the kernel is gone: never outlive it
+            if msg == b"done":
+                self.done.set()
+            elif msg == b"stack":
+                frame = sys._current_frames().get(self.main_thread)
+                frames = list(traceback.extract_stack(frame)) if frame else []
+                in_collective = bool(frames) and f"torch{os.sep}distributed" in frames[-1].filename
+                text = "".join(traceback.format_list(_user_frames(frames))) or "(no Python frame)\n"
+                self.send(("stack", (text, in_collective)))
+
+
+def _user_frames(frames: list) -> list:
+    """The frames from the user's function on: the zygote's and the launcher's own are noise."""
+    ours = [i for i, f in enumerate(frames) if os.path.dirname(os.path.abspath(f.filename)) == _LAUNCH_DIR]
+    return frames[ours[-1] + 1:] if ours and ours[-1] + 1 < len(frames) else frames
+
+
+def _format_exception(exc: BaseException) -> str:
+    te = traceback.TracebackException.from_exception(exc)
+    te.stack = traceback.StackSummary.from_list(_user_frames(list(te.stack)))
+    return "".join(te.format())
+
+
+def _init_process_group(spec: dict) -> None:
+    timeout = datetime.timedelta(seconds=spec["timeout"])
+    store = dist.TCPStore(
+        spec["store_host"], spec["store_port"], is_master=False, timeout=timeout, wait_for_workers=False
+    )
+    store = dist.PrefixStore(spec["store_prefix"], store)
+    if spec["device_type"] == "cuda":
+        torch.cuda.set_device(spec["local_rank"])
+    dist.init_process_group(
+        spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"], timeout=timeout
+    )
+
+
+def _adopt_kernel_state(spec: dict) -> None:
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    sys.path[:] = spec["sys_path"]
+    try:
+        os.chdir(spec["cwd"])
+    except OSError:
+        pass
+    linecache.cache.update(spec["linecache"])
+    torch.set_num_threads(spec["threads"])
+
+
+def main(ctrl_fd: int, out_fd: int, err_fd: int) -> int:
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.close(out_fd)
+    os.close(err_fd)
+    sys.stdout = sys.__stdout__ = _text_stream(1)
+    sys.stderr = sys.__stderr__ = _text_stream(2)
+    channel = _Channel(ctrl_fd)
+    spec = pickle.loads(channel.conn.recv_bytes())
+    threading.Thread(target=channel.watch, name="parlab-watch", daemon=True).start()
+    _adopt_kernel_state(spec)
+    started = time.monotonic()
+    try:
+        _init_process_group(spec)
+        fn, args, kwargs = _pickling.loads(spec["payload"])
+        value = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit too, goes to the kernel
+        channel.send(("error", _error_report(exc, time.monotonic() - started)))
+    else:
+        try:
+            channel.send(("ok", _pickling.dumps(value)))
+        except Exception as exc:  # noqa: BLE001
+            channel.send(("unpicklable", f"{type(value).__name__}: {type(exc).__name__}: {exc}"))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    channel.done.wait()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0
+
+
+def _error_report(exc: BaseException, elapsed: float) -> dict:
+    try:
+        original = _pickling.dumps(exc)
+    except Exception:  # noqa: BLE001 - the text is enough
+        original = None
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": _format_exception(exc),
+        "kind": classify_exception(exc),
+        "elapsed": elapsed,
+        "exception": original,
+    }

@@ -1,0 +1,588 @@
+"""``parlab.launch``: run one function on N ranks from a notebook cell, and get back what each returned.
+
+The kernel side of the launcher. It decides the mode (NCCL with one GPU per rank, or gloo on CPU),
+asks the zygote (``_zygote.py``) to fork the ranks, hosts the rendezvous store on a port the OS
+picks, and then runs one event loop that
+- prints every line a rank writes, whole and prefixed with its rank;
+- collects each rank's result or error, and keeps the root cause when several ranks fail;
+- notices a rank killed by a signal, and a collective that cannot complete (the process group's
+  timeout, and ranks waiting on peers that have already returned);
+- on any failure or interrupt kills every rank, so none outlives the cell.
+Taught in chapter 00; every later chapter runs its cells through it.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import linecache
+import os
+import pickle
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from parlab.launch import _pickling, _zygote
+from parlab.launch.errors import (
+    LaunchError,
+    RankCrashedError,
+    RankError,
+    RankTimeoutError,
+    describe_exit,
+)
+
+BACKENDS = ("auto", "gloo", "nccl")
+OUTPUTS = ("all", "rank0", "none")
+LOCAL_HOST = "127.0.0.1"
+# Modules the kernel may have imported that are slow to import in every rank: the zygote imports them
+# once, so that ranks start with them already loaded.
+AUTO_PRELOAD = ("transformers",)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Planning: validate the request and decide the mode, before any process starts.
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    backend: str  # "gloo" or "nccl"
+    device_type: str  # "cpu" or "cuda"
+    threads: int  # CPU threads per rank
+    timeout: float
+    note: str = ""
+
+    def describe(self) -> str:
+        where = "CPU" if self.device_type == "cpu" else f"{self.world_size} GPU{'s' * (self.world_size > 1)}"
+        ranks = f"{self.world_size} rank{'s' * (self.world_size > 1)}"
+        threads = f"{self.threads} CPU thread{'s' * (self.threads > 1)} per rank"
+        line = f"parlab: {ranks} · {self.backend} · {where} · {threads}"
+        return f"{line} ({self.note})" if self.note else line
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def max_cpu_ranks() -> int:
+    """Each rank is a process with its own copy of the model; past this many per core they only thrash."""
+    return int(os.environ.get("PARLAB_MAX_RANKS", max(8, 2 * cpu_count())))
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use (respects CUDA_VISIBLE_DEVICES); counted through NVML where torch can,
+    so the kernel does not create a CUDA context of its own."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def make_plan(world_size, backend="auto", timeout=30.0, threads=None) -> Plan:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int (the number of ranks, e.g. 2 or 4); got "
+                        f"{type(world_size).__name__} {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1 (the number of ranks, e.g. 2 or 4); got {world_size}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive int (CPU threads per rank) or None; got {threads!r}")
+    gpus = visible_gpus() if backend in ("auto", "nccl") else 0
+    note = ""
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) are visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). NCCL refuses two "
+            f"ranks on one GPU. Use world_size <= {gpus}, or backend='gloo' to run the ranks on CPU, or "
+            f"backend='auto' to choose for you." if gpus else
+            "backend='nccl' needs CUDA GPUs and none is visible; use backend='gloo' or 'auto' (CPU)."
+        )
+    if backend == "nccl" or (backend == "auto" and gpus >= world_size):
+        name, device_type = "nccl", "cuda"
+    else:
+        name, device_type = "gloo", "cpu"
+        if backend == "auto" and 0 < gpus < world_size:
+            note = f"{gpus} GPU(s) visible, NCCL needs one per rank: running on CPU instead"
+        if world_size > max_cpu_ranks():
+            raise ValueError(
+                f"world_size={world_size} would start {world_size} processes on a machine with "
+                f"{cpu_count()} CPU core(s); parlab allows at most {max_cpu_ranks()} CPU ranks here, since "
+                f"each rank holds its own copy of the model and they would only fight for the cores. Use "
+                f"a smaller world_size, or set the environment variable PARLAB_MAX_RANKS to raise the limit."
+            )
+    if threads is None:
+        threads = max(1, cpu_count() // world_size)
+    return Plan(world_size, name, device_type, threads, float(timeout), note)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The zygote, one per kernel.
+
+
+class _Zygote:
+    def __init__(self):
+        here, there = socket.socketpair()
+        self.log = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "parlab.launch._zygote", str(there.fileno())],
+            pass_fds=[there.fileno()], start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=self.log, stderr=self.log, env=env,
+        )
+        there.close()
+        self.sock = here
+        self.preloaded: set[str] = set()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _fail(self, what: str) -> LaunchError:
+        self.log.seek(0)
+        log = self.log.read().decode(errors="replace")[-4000:]
+        return LaunchError(f"the parlab rank server {what}.\n{log}")
+
+    def _recv(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise self._fail("stopped unexpectedly")
+            data += chunk
+        return data
+
+    def preload(self, name: str) -> None:
+        if name in self.preloaded:
+            return
+        self.preloaded.add(name)
+        self.sock.sendall(_zygote.PRELOAD + name.encode())
+        self._recv(256)  # an error just means the ranks import it themselves
+
+    def spawn(self):
+        """Fork one rank; returns (pid, control connection, stdout fd, stderr fd, exit-status fd)."""
+        ctrl_here, ctrl_there = socket.socketpair()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        try:
+            socket.send_fds(self.sock, [_zygote.SPAWN], [ctrl_there.fileno(), out_w, err_w, status_w])
+            (pid,) = struct.unpack("q", self._recv(8))
+        except OSError as exc:
+            for fd in (out_r, err_r, status_r):
+                os.close(fd)
+            ctrl_here.close()
+            raise self._fail(f"could not start a rank ({exc})") from None
+        finally:
+            ctrl_there.close()
+            for fd in (out_w, err_w, status_w):
+                os.close(fd)
+        return pid, Connection(ctrl_here.detach()), out_r, err_r, status_r
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_zygote_lock = threading.Lock()
+_the_zygote: _Zygote | None = None
+
+
+def _zygote_with(preloads) -> _Zygote:
+    global _the_zygote
+    if _the_zygote is None or not _the_zygote.alive():
+        _the_zygote = _Zygote()
+    for name in preloads:
+        _the_zygote.preload(name)
+    return _the_zygote
+
+
+def shutdown() -> None:
+    """Stop the rank server (it restarts on the next launch). Called at interpreter exit."""
+    global _the_zygote
+    with _zygote_lock:
+        if _the_zygote is not None:
+            _the_zygote.close()
+            _the_zygote = None
+
+
+# ----------------------------------------------------------------------------------------------------
+# One launch.
+
+
+class _Rank:
+    def __init__(self, rank, pid, ctrl, out_fd, err_fd, status_fd):
+        self.rank, self.pid, self.ctrl = rank, pid, ctrl
+        self.fds = {out_fd: 1, err_fd: 2}  # fd -> stream number
+        self.partial = {1: b"", 2: b""}
+        self.status_fd = status_fd
+        self.state = "running"  # running | ok | error | unpicklable | dead
+        self.result = None
+        self.error: dict | None = None
+        self.exitcode: int | None = None
+        self.exited = False
+        self.finished_at: float | None = None
+        self.stack: str | None = None
+        self.last_err = collections.deque(maxlen=15)
+
+
+class _Launch:
+    GRACE = 1.0  # seconds to wait for the root cause once a rank reports a communication failure
+
+    def __init__(self, plan: Plan, payload: bytes, output: str):
+        self.plan, self.payload, self.output = plan, payload, output
+        self.ranks: list[_Rank] = []
+        self.sel = selectors.DefaultSelector()
+        self.failures: list[_Rank] = []  # in order of arrival
+        self.width = len(str(plan.world_size - 1))
+        self.closed = False
+
+    # -- starting ------------------------------------------------------------------------------------
+    def start(self, zygote: _Zygote) -> None:
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=self.plan.timeout)
+        self.store = dist.TCPStore(LOCAL_HOST, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        common = {
+            "world_size": self.plan.world_size, "backend": self.plan.backend,
+            "device_type": self.plan.device_type, "timeout": self.plan.timeout,
+            "threads": self.plan.threads, "store_host": LOCAL_HOST, "store_port": self.store.port,
+            "store_prefix": f"parlab/{uuid.uuid4().hex}", "sys_path": list(sys.path), "cwd": os.getcwd(),
+            "linecache": _cell_sources(), "payload": self.payload,
+        }
+        base_env = dict(os.environ)
+        base_env.update(
+            WORLD_SIZE=str(self.plan.world_size), LOCAL_WORLD_SIZE=str(self.plan.world_size),
+            MASTER_ADDR=LOCAL_HOST, MASTER_PORT=str(self.store.port), PARLAB_IN_RANK="1",
+            OMP_NUM_THREADS=str(self.plan.threads), PYTHONUNBUFFERED="1",
+        )
+        if self.plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in base_env:
+            loopback = _loopback_interface()
+            if loopback:  # all ranks are on this machine: keep their traffic on loopback
+                base_env["GLOO_SOCKET_IFNAME"] = loopback
+        with _zygote_lock:
+            for rank in range(self.plan.world_size):
+                pid, ctrl, out_fd, err_fd, status_fd = zygote.spawn()
+                r = _Rank(rank, pid, ctrl, out_fd, err_fd, status_fd)
+                self.ranks.append(r)
+                for fd in r.fds:
+                    self.sel.register(fd, selectors.EVENT_READ, (r, "out"))
+                self.sel.register(ctrl, selectors.EVENT_READ, (r, "ctrl"))
+                self.sel.register(status_fd, selectors.EVENT_READ, (r, "status"))
+                device = f"cuda:{rank}" if self.plan.device_type == "cuda" else "cpu"
+                env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank), PARLAB_DEVICE=device)
+                ctrl.send_bytes(pickle.dumps(dict(common, rank=rank, local_rank=rank, env=env),
+                                             protocol=pickle.HIGHEST_PROTOCOL))
+
+    # -- the event loop ------------------------------------------------------------------------------
+    def _handle(self, key) -> None:
+        r, what = key.data
+        if what == "out":
+            fd = key.fileobj
+            data = os.read(fd, 1 << 16)
+            stream = r.fds[fd]
+            if not data:
+                self.sel.unregister(fd)
+                if r.partial[stream]:
+                    self._emit(r, stream, r.partial[stream])
+                    r.partial[stream] = b""
+                return
+            *lines, r.partial[stream] = (r.partial[stream] + data).split(b"\n")
+            for line in lines:
+                self._emit(r, stream, line)
+        elif what == "ctrl":
+            try:
+                kind, body = pickle.loads(r.ctrl.recv_bytes())
+            except (EOFError, OSError):
+                self.sel.unregister(r.ctrl)
+                return
+            if kind == "stack":
+                r.stack = body
+                return
+            r.finished_at = time.monotonic()
+            if kind == "ok":
+                r.state, r.result = "ok", body
+            else:
+                r.state, r.error = kind, body
+                self.failures.append(r)
+        elif what == "status":
+            data = os.read(r.status_fd, 4)
+            self.sel.unregister(r.status_fd)
+            r.exited = True
+            r.exitcode = struct.unpack("i", data)[0] if len(data) == 4 else None
+            if r.state == "running":
+                r.state = "dead"
+                r.finished_at = time.monotonic()
+                self.failures.append(r)
+
+    def _emit(self, r: _Rank, stream: int, line: bytes) -> None:
+        text = line.decode("utf-8", errors="replace").rstrip("\r")
+        if stream == 2:
+            r.last_err.append(text)
+        if self.output == "none" or (self.output == "rank0" and r.rank != 0):
+            return
+        target = sys.stdout if stream == 1 else sys.stderr
+        target.write(f"[rank {r.rank:>{self.width}}] {text}\n")
+
+    def _pump(self, timeout: float) -> None:
+        events = self.sel.select(timeout=max(0.0, timeout))
+        # Messages before exits: a rank's report explains its exit.
+        order = {"ctrl": 0, "out": 1, "status": 2}
+        for key, _ in sorted(events, key=lambda e: order[e[0].data[1]]):
+            if key.fileobj in self.sel.get_map():
+                self._handle(key)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def run(self) -> list:
+        decide_at = None
+        while True:
+            now = time.monotonic()
+            running = [r for r in self.ranks if r.state == "running"]
+            if not running and not self.failures:
+                break
+            if self.failures and decide_at is None:
+                first = self.failures[0]
+                own_cause = first.state in ("dead", "unpicklable") or first.error.get("kind") == "error"
+                decide_at = now if own_cause else now + self.GRACE
+            if decide_at is not None and any(self._is_root(r) for r in self.failures):
+                decide_at = min(decide_at, now)
+            if decide_at is not None and now >= decide_at:
+                raise self._failure()
+            finished = [r.finished_at for r in self.ranks if r.state == "ok"]
+            if finished and running and now - min(finished) > self.plan.timeout:
+                raise self._hang()
+            wait = 0.5
+            if decide_at is not None:
+                wait = min(wait, decide_at - now)
+            self._pump(wait)
+        return self._finish()
+
+    # -- outcomes ------------------------------------------------------------------------------------
+    def _finish(self) -> list:
+        for r in self.ranks:
+            _try(r.ctrl.send_bytes, b"done")
+        self._drain(deadline=time.monotonic() + 5.0)
+        results = []
+        for r in self.ranks:
+            try:
+                results.append(_pickling.loads(r.result))
+            except Exception as exc:  # noqa: BLE001
+                raise LaunchError(f"rank {r.rank} returned a value the notebook cannot unpickle: "
+                                  f"{type(exc).__name__}: {exc}") from None
+        return results
+
+    @staticmethod
+    def _is_root(r: _Rank) -> bool:
+        return r.state in ("dead", "unpicklable") or (r.state == "error" and r.error["kind"] == "error")
+
+    def _statuses(self) -> dict[int, str]:
+        out = {}
+        for r in self.ranks:
+            if r.state == "ok":
+                out[r.rank] = "had returned"
+            elif r.state == "error":
+                out[r.rank] = f"raised {r.error['type']}: {_first_line(r.error['message'])}"
+            elif r.state == "dead":
+                out[r.rank] = describe_exit(r.exitcode)
+            elif r.state == "unpicklable":
+                out[r.rank] = "returned a value that cannot be pickled"
+            else:
+                out[r.rank] = "was still running; stopped by parlab"
+        return out
+
+    def _failure(self) -> LaunchError:
+        statuses = self._statuses()
+        roots = [r for r in self.failures if self._is_root(r)]
+        if not roots and all(r.state == "error" and r.error["kind"] == "timeout" for r in self.failures):
+            return self._hang()
+        r = (roots or self.failures)[0]
+        ws = self.plan.world_size
+        if r.state == "dead":
+            self._stop()
+            self._drain(deadline=time.monotonic() + 1.0)  # its last words may still be in the pipe
+            return RankCrashedError(r.rank, ws, r.exitcode, tuple(r.last_err), statuses)
+        if r.state == "unpicklable":
+            return LaunchError(
+                f"rank {r.rank} of {ws} returned a value that cannot be pickled ({r.error}), so it cannot "
+                f"travel back to the notebook. Return plain values: numbers, strings, lists, dicts, numpy "
+                f"arrays or tensors.", statuses=statuses)
+        err = r.error
+        original = None
+        if err["exception"] is not None:
+            try:
+                original = _pickling.loads(err["exception"])
+            except Exception:  # noqa: BLE001
+                original = None
+        return RankError(r.rank, ws, err["type"], err["message"], err["traceback"], original, statuses)
+
+    def _hang(self) -> RankTimeoutError:
+        statuses = self._statuses()
+        waiting = [r for r in self.ranks if r.state == "running"]
+        for r in waiting:
+            _try(r.ctrl.send_bytes, b"stack")
+        deadline = time.monotonic() + 2.0
+        while any(r.stack is None and not r.exited for r in waiting) and time.monotonic() < deadline:
+            self._pump(deadline - time.monotonic())
+        now = time.monotonic()
+        stacks = {}
+        for r in self.ranks:
+            if r.state == "ok":
+                stacks[r.rank] = (f"had returned from its function {now - r.finished_at:.1f} s before; it never "
+                                  f"entered what its peers were waiting for")
+            elif r.state == "error":
+                stacks[r.rank] = f"waiting in a collective, which timed out:\n{_indent(r.error['traceback'])}"
+            elif r.stack is not None:
+                text, in_collective = r.stack
+                what = "waiting in a collective" if in_collective else "still running (not in a collective)"
+                stacks[r.rank] = f"{what}, at:\n{_indent(text)}"
+            else:
+                stacks[r.rank] = statuses[r.rank]
+        returned = [r.rank for r in self.ranks if r.state == "ok"]
+        if any(r.state == "error" for r in self.ranks):
+            summary = "a collective could not complete"
+        else:
+            summary = (f"rank{'s' * (len(returned) > 1)} {_join(returned)} returned, the others did not finish "
+                       f"within timeout={self.plan.timeout:g} s")
+        return RankTimeoutError(self.plan.timeout, self.plan.world_size, stacks, statuses, summary)
+
+    # -- teardown ------------------------------------------------------------------------------------
+    def _stop(self) -> None:
+        for r in self.ranks:
+            if not r.exited:
+                try:
+                    os.kill(r.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def _drain(self, deadline: float) -> None:
+        """Read what is left of the ranks' output and wait for them to exit; kill stragglers."""
+        while len(self.sel.get_map()) and time.monotonic() < deadline:
+            if all(r.exited for r in self.ranks) and not any(
+                    d[1] == "out" for d in (k.data for k in self.sel.get_map().values())):
+                break
+            self._pump(min(0.2, deadline - time.monotonic()))
+        self._stop()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stop()
+        self._drain(deadline=time.monotonic() + 3.0)
+        for key in list(self.sel.get_map().values()):
+            self.sel.unregister(key.fileobj)
+        for r in self.ranks:
+            r.ctrl.close()
+            for fd in (*r.fds, r.status_fd):
+                _try(os.close, fd)
+        self.sel.close()
+        if hasattr(self, "store"):
+            del self.store
+
+
+def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto", timeout: float = 30.0,
+           output: str = "all", threads: int | None = None, announce: bool = True) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks with ``torch.distributed`` initialised.
+
+    Returns the list of the values each rank returned, indexed by rank (tensors come back on the CPU).
+
+    - ``backend``: ``"auto"`` takes NCCL with one GPU per rank when that many GPUs are visible, else gloo
+      on CPU; ``"gloo"`` or ``"nccl"`` choose.
+    - ``timeout``: seconds a collective may wait for its peers before the launch fails with
+      :class:`RankTimeoutError`, showing where each rank was.
+    - ``output``: ``"all"`` prints every rank's lines prefixed with its rank, ``"rank0"`` only rank 0's,
+      ``"none"`` nothing.
+    - ``threads``: CPU threads per rank; by default the cores are shared out among the ranks.
+
+    A rank that raises makes the launch raise :class:`RankError` with that rank's traceback; a rank
+    killed by a signal, :class:`RankCrashedError`. In both cases and on interrupt every rank is stopped.
+    Inside ``fn``, :func:`parlab.rank`, :func:`parlab.world_size` and :func:`parlab.device` tell a rank
+    who and where it is. Chapter 00 teaches it.
+    """
+    __tracebackhide__ = True  # IPython: show the rank's error, not the launcher's frames
+    if not callable(fn):
+        raise TypeError(f"fn must be callable: a function each rank runs, like `def work(): ...`; got "
+                        f"{type(fn).__name__} {fn!r:.60}")
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {', '.join(map(repr, OUTPUTS))}; got {output!r}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict or None; got {type(kwargs).__name__}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple or list of positional arguments; got {type(args).__name__}")
+    if os.environ.get("PARLAB_IN_RANK"):
+        raise RuntimeError("parlab.launch was called inside a rank; launch from the notebook (or script) only")
+    plan = make_plan(world_size, backend, timeout, threads)
+    try:
+        payload = _pickling.dumps((fn, tuple(args), kwargs or {}))
+    except Exception as exc:  # noqa: BLE001
+        raise TypeError(f"{getattr(fn, '__name__', 'fn')} or its arguments cannot be sent to the ranks "
+                        f"({type(exc).__name__}: {exc}). Functions, classes, tensors and plain values travel; "
+                        f"open files, sockets, locks and generators do not.") from None
+    if announce:
+        print(plan.describe(), flush=True)
+    with _zygote_lock:
+        zygote = _zygote_with([m for m in AUTO_PRELOAD if m in sys.modules])
+    run = _Launch(plan, payload, output)
+    try:
+        run.start(zygote)
+        return run.run()
+    except KeyboardInterrupt:
+        run.close()  # every rank is gone before the interrupt propagates
+        print(f"parlab: interrupted; stopped {plan.world_size} ranks", file=sys.stderr, flush=True)
+        raise
+    finally:
+        run.close()
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def _cell_sources() -> dict:
+    """linecache entries with no file behind them (notebook cells), so ranks' tracebacks show the code."""
+    return {name: entry for name, entry in list(linecache.cache.items())
+            if len(entry) == 4 and (entry[1] is None or name.startswith("<"))}
+
+
+def _loopback_interface() -> str | None:
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in names if n in ("lo", "lo0")), None)
+
+
+def _try(fn, *args) -> None:
+    try:
+        fn(*args)
+    except OSError:
+        pass
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:200]
+
+
+def _join(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _indent(text: str) -> str:
+    return "".join(f"      {line}\n" for line in text.rstrip().splitlines())

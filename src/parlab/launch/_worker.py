@@ -30,6 +30,8 @@ from parlab.launch import _pickling
 from parlab.launch.errors import classify_exception
 
 _LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
+# Frames in these files are the launcher's plumbing, not the learner's code.
+_PLUMBING = (_LAUNCH_DIR, os.path.join(os.path.dirname(_LAUNCH_DIR), "magic.py"))
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
@@ -69,7 +71,7 @@ class _Channel:
 
 def _user_frames(frames: list) -> list:
     """The frames from the user's function on: the zygote's and the launcher's own are noise."""
-    ours = [i for i, f in enumerate(frames) if os.path.dirname(os.path.abspath(f.filename)) == _LAUNCH_DIR]
+    ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(_PLUMBING)]
     return frames[ours[-1] + 1:] if ours and ours[-1] + 1 < len(frames) else frames
 
 

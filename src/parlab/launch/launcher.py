@@ -352,6 +352,7 @@ class _Launch:
         sys.stderr.flush()
 
     def run(self) -> list:
+        __tracebackhide__ = True
         decide_at = None
         while True:
             now = time.monotonic()

@@ -1,0 +1,333 @@
+"""The launcher's promises, each with a test that fails when the promise is broken."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+
+import parlab
+from parlab.launch import launcher
+from parlab.launch.launcher import make_plan
+
+from conftest import wait_gone, zygote_children
+
+# Functions here travel by value, as functions defined in a notebook cell do.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
+
+
+# -- results, arguments, rank helpers ----------------------------------------------------------------
+
+def _sum_of_ranks(scale):
+    t = torch.tensor([float(parlab.rank() + 1)])
+    dist.all_reduce(t)
+    return {"rank": parlab.rank(), "world": parlab.world_size(), "sum": t * scale,
+            "device": str(parlab.device()), "threads": torch.get_num_threads()}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_results_indexed_by_rank(world_size):
+    results = parlab.launch(_sum_of_ranks, world_size, args=(2.0,), announce=False)
+    expected = world_size * (world_size + 1)  # 2 * (1 + ... + n)
+    assert [r["rank"] for r in results] == list(range(world_size))
+    for r in results:
+        assert r["world"] == world_size
+        torch.testing.assert_close(r["sum"], torch.tensor([float(expected)]))
+        assert r["device"] == "cpu"
+        assert r["threads"] == max(1, launcher.cpu_count() // world_size)
+
+
+class Point:  # a class defined in the caller, used on the ranks and returned
+    def __init__(self, x):
+        self.x = x
+
+
+def test_closures_classes_and_kwargs():
+    offset = 10
+
+    def work(a, *, b):
+        return Point(a + b + offset + parlab.rank())
+
+    results = parlab.launch(work, 2, args=(1,), kwargs={"b": 2}, announce=False)
+    assert [p.x for p in results] == [13, 14]
+    assert type(results[0]).__name__ == "Point"
+
+
+def test_announce_line(capsys):
+    parlab.launch(lambda: None, 2)
+    assert capsys.readouterr().out.splitlines()[0] == "parlab: 2 ranks · gloo · CPU · 1 CPU thread per rank"
+
+
+def test_threads_option_and_environment_follows_the_caller(monkeypatch):
+    # The zygote started long ago; the ranks must still see the caller's environment of now.
+    monkeypatch.setenv("PARLAB_TEST_VALUE", "from-the-notebook")
+    out = parlab.launch(lambda: (os.environ.get("PARLAB_TEST_VALUE"), torch.get_num_threads(), os.getcwd()),
+                        2, threads=1, announce=False)
+    assert out == [("from-the-notebook", 1, os.getcwd())] * 2
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+def _chatty():
+    import warnings as w
+
+    r = parlab.rank()
+    for i in range(50):  # many partial writes per line: lines must still arrive whole
+        sys.stdout.write(f"line {i} ")
+        sys.stdout.write(f"from rank {r}\n")
+    print(f"error-stream {r}", file=sys.stderr)
+    w.warn(f"warning from rank {r}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(2, f"native-write {r}\n".encode())  # as C++ code would write, past Python
+
+
+def test_output_whole_lines_prefixed(capfd):
+    parlab.launch(_chatty, 4, announce=False)
+    out, err = capfd.readouterr()
+    for r in range(4):
+        lines = [l for l in out.splitlines() if l.startswith(f"[rank {r}] ")]
+        assert lines == [f"[rank {r}] line {i} from rank {r}" for i in range(50)]
+        assert f"[rank {r}] error-stream {r}" in err.splitlines()
+        assert f"[rank {r}] native-write {r}" in err.splitlines()
+        assert any(l.startswith(f"[rank {r}] ") and f"warning from rank {r}" in l for l in err.splitlines())
+
+
+def test_output_rank0_only_and_none(capfd):
+    parlab.launch(_chatty, 2, output="rank0", announce=False)
+    out, err = capfd.readouterr()
+    assert "[rank 0] line 3 from rank 0" in out and "[rank 1]" not in out + err
+    parlab.launch(_chatty, 2, output="none", announce=False)
+    out, err = capfd.readouterr()
+    assert "[rank" not in out + err
+
+
+# -- errors ------------------------------------------------------------------------------------------
+
+def _rank1_raises(pid_dir):
+    open(os.path.join(pid_dir, str(os.getpid())), "w").close()
+    t = torch.ones(1)
+    if parlab.rank() == 1:
+        raise ValueError("learning rate must be positive, got -1")
+    dist.all_reduce(t)  # the others wait here for rank 1, which never comes
+
+
+def test_error_names_rank_and_root_cause(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(parlab.RankError) as info:
+        parlab.launch(_rank1_raises, 4, args=(str(tmp_path),), announce=False)
+    err = info.value
+    assert err.rank == 1 and err.type_name == "ValueError"
+    assert isinstance(err.exception, ValueError)
+    text = str(err)
+    assert text.startswith("rank 1 of 4 raised ValueError: learning rate must be positive, got -1")
+    assert 'raise ValueError("learning rate must be positive, got -1")' in text  # the rank's own source line
+    assert "Connection closed" not in text and "_worker.py" not in text
+    pids = [int(p) for p in os.listdir(tmp_path)]
+    assert len(pids) == 4 and wait_gone(pids, 5.0) == []
+    assert time.monotonic() - start < 10
+
+
+def test_system_exit_is_reported():
+    with pytest.raises(parlab.RankError, match="rank 0 of 2 raised SystemExit: 3"):
+        parlab.launch(lambda: sys.exit(3) if parlab.rank() == 0 else None, 2, announce=False)
+
+
+def _skips_all_reduce():
+    t = torch.ones(2)
+    if parlab.rank() != 1:
+        dist.all_reduce(t)  # rank 1 never joins
+
+
+def test_hang_becomes_timeout_showing_each_rank():
+    start = time.monotonic()
+    with pytest.raises(parlab.RankTimeoutError) as info:
+        parlab.launch(_skips_all_reduce, 3, timeout=2, announce=False)
+    elapsed = time.monotonic() - start
+    err = info.value
+    assert isinstance(err, TimeoutError)
+    assert 2 <= elapsed < 10
+    assert "had returned" in err.stacks[1]
+    for r in (0, 2):
+        assert "dist.all_reduce(t)  # rank 1 never joins" in err.stacks[r]
+    assert "same collectives" in str(err)
+
+
+def _spins_on_rank0():
+    if parlab.rank() == 0:
+        while True:
+            pass
+
+
+def test_busy_rank_that_never_returns_is_reported():
+    with pytest.raises(parlab.RankTimeoutError) as info:
+        parlab.launch(_spins_on_rank0, 2, timeout=1, announce=False)
+    assert "still running (not in a collective)" in info.value.stacks[0]
+    assert "while True" in info.value.stacks[0]
+
+
+def _killed_rank(pid_dir):
+    open(os.path.join(pid_dir, str(os.getpid())), "w").close()
+    if parlab.rank() == 2:
+        print("about to be killed", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def test_rank_killed_by_signal(tmp_path):
+    with pytest.raises(parlab.RankCrashedError) as info:
+        parlab.launch(_killed_rank, 3, args=(str(tmp_path),), announce=False)
+    err = info.value
+    assert err.rank == 2 and err.signal == signal.SIGKILL
+    assert "SIGKILL" in str(err) and "about to be killed" in str(err)
+    assert wait_gone([int(p) for p in os.listdir(tmp_path)]) == []
+
+
+def test_launch_works_after_failures():
+    with pytest.raises(parlab.RankError):
+        parlab.launch(lambda: 1 / 0, 2, announce=False)
+    assert parlab.launch(_sum_of_ranks, 2, args=(1.0,), announce=False)[1]["rank"] == 1
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world_size, error, words", [
+    (0, ValueError, "world_size must be at least 1"),
+    (-2, ValueError, "got -2"),
+    ("4", TypeError, "world_size must be an int"),
+    (2.0, TypeError, "got float 2.0"),
+    (True, TypeError, "got bool True"),
+    (10_000, ValueError, "PARLAB_MAX_RANKS"),
+])
+def test_bad_world_size(world_size, error, words):
+    with pytest.raises(error, match=words):
+        parlab.launch(lambda: None, world_size)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"backend": "mpi"}, ValueError, "backend must be one of 'auto', 'gloo', 'nccl'; got 'mpi'"),
+    ({"timeout": 0}, ValueError, "timeout must be a positive number"),
+    ({"output": "some"}, ValueError, "output must be one of"),
+    ({"threads": 0}, ValueError, "threads must be a positive int"),
+    ({"args": 3}, TypeError, "args must be a tuple"),
+])
+def test_bad_options(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        parlab.launch(lambda: None, 2, **kwargs)
+
+
+def test_fn_not_callable():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        parlab.launch(42, 2)
+
+
+def test_argument_that_cannot_travel():
+    with pytest.raises(TypeError, match="cannot be sent to the ranks"):
+        parlab.launch(lambda lock: None, 2, args=(threading.Lock(),))
+
+
+def test_unpicklable_return_names_rank():
+    with pytest.raises(parlab.LaunchError, match="rank 1 of 2 returned a value that cannot be pickled"):
+        parlab.launch(lambda: threading.Lock() if parlab.rank() == 1 else 0, 2, announce=False)
+
+
+def test_launch_inside_a_rank_is_refused():
+    with pytest.raises(parlab.RankError, match="inside a rank"):
+        parlab.launch(lambda: parlab.launch(lambda: None, 2), 2, announce=False)
+
+
+def test_nccl_with_too_few_gpus(monkeypatch):
+    monkeypatch.setattr(launcher, "visible_gpus", lambda: 1)
+    with pytest.raises(ValueError, match="NCCL refuses two ranks on one GPU"):
+        make_plan(4, "nccl")
+    plan = make_plan(4, "auto")  # auto falls back to CPU and says why
+    assert (plan.backend, plan.device_type) == ("gloo", "cpu")
+    assert "1 GPU(s) visible" in plan.describe()
+    assert make_plan(1, "auto").backend == "nccl"
+    monkeypatch.setattr(launcher, "visible_gpus", lambda: 0)
+    with pytest.raises(ValueError, match="needs CUDA GPUs and none is visible"):
+        make_plan(1, "nccl")
+
+
+# -- processes, ports, speed-safety --------------------------------------------------------------------
+
+def test_concurrent_launches_in_threads():
+    results, errors = {}, []
+
+    def one(i):
+        try:
+            results[i] = parlab.launch(_sum_of_ranks, 2, args=(float(i),), announce=False, output="none")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    for i in range(3):
+        torch.testing.assert_close(results[i][0]["sum"], torch.tensor([3.0 * i]))
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, parlab, torch, torch.distributed as dist
+    def work():
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return t.item()
+    for _ in range(5):
+        assert parlab.launch(work, 2, announce=False) == [2.0, 2.0]
+    print("ok")
+""")
+
+
+def test_concurrent_launches_from_many_processes():
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and out.strip() == "ok", err
+
+
+def test_safe_after_multithreaded_torch_in_caller():
+    # Plain fork hangs here: the caller's OpenMP pool is busy, then the child uses OpenMP too.
+    a = torch.randn(512, 512)
+    torch.set_num_threads(2)
+    _ = a @ a
+    out = parlab.launch(lambda: float((torch.ones(256, 256) @ torch.ones(256, 256))[0, 0]), 2,
+                        threads=2, timeout=20, announce=False)
+    assert out == [256.0, 256.0]
+
+
+ORPHAN_SCRIPT = textwrap.dedent("""
+    import os, sys, time, parlab
+    def sleeper(path):
+        open(os.path.join(path, str(os.getpid())), "w").close()
+        time.sleep(600)
+    parlab.launch(sleeper, 3, args=(sys.argv[1],), announce=False)
+""")
+
+
+def test_no_orphans_when_the_caller_is_killed(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, str(tmp_path)])
+    deadline = time.monotonic() + 60
+    while len(os.listdir(tmp_path)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p) for p in os.listdir(tmp_path)]
+    assert len(pids) == 3
+    proc.kill()  # like a kernel that dies: no chance to clean up
+    proc.wait()
+    assert wait_gone(pids, 5.0) == []

@@ -63,10 +63,22 @@ class _Channel:
                 self.done.set()
             elif msg == b"stack":
                 frame = sys._current_frames().get(self.main_thread)
-                frames = list(traceback.extract_stack(frame)) if frame else []
-                in_collective = bool(frames) and f"torch{os.sep}distributed" in frames[-1].filename
-                text = "".join(traceback.format_list(_user_frames(frames))) or "(no Python frame)\n"
-                self.send(("stack", (text, in_collective)))
+                self.send(("stack", _describe_stack(list(traceback.extract_stack(frame)) if frame else [])))
+
+
+def _describe_stack(frames: list) -> tuple[str, bool]:
+    """The user's frames, and whether the innermost call is a torch.distributed one."""
+    frames = _user_frames(frames)
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    cut = len(frames)
+    while cut > 0 and os.path.abspath(frames[cut - 1].filename).startswith(torch_dir):
+        cut -= 1
+    inner = [f.name for f in frames[cut:] if f.name not in ("wrapper", "wait")]
+    in_collective = any(f"torch{os.sep}distributed" in f.filename for f in frames[cut:])
+    text = "".join(traceback.format_list(frames[:cut])) or "(no Python frame)\n"
+    if inner:
+        text += f"  (inside torch: {inner[0]})\n"
+    return text, in_collective
 
 
 def _user_frames(frames: list) -> list:
@@ -148,6 +160,7 @@ def _error_report(exc: BaseException, elapsed: float) -> dict:
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": _format_exception(exc),
+        "where": _describe_stack(list(traceback.extract_tb(exc.__traceback__)))[0],
         "kind": classify_exception(exc),
         "elapsed": elapsed,
         "exception": original,

@@ -449,7 +449,8 @@ class _Launch:
                 stacks[r.rank] = (f"had returned from its function {now - r.finished_at:.1f} s before; it never "
                                   f"entered what its peers were waiting for")
             elif r.state == "error":
-                stacks[r.rank] = f"waiting in a collective, which timed out:\n{_indent(r.error['traceback'])}"
+                stacks[r.rank] = (f"waiting in a collective, which timed out "
+                                  f"({_first_line(r.error['message'])}), at:\n{_indent(r.error['where'])}")
             elif r.stack is not None:
                 text, in_collective = r.stack
                 what = "waiting in a collective" if in_collective else "still running (not in a collective)"

@@ -33,7 +33,10 @@ import threading
 SPAWN = b"S"
 PRELOAD = b"P"
 FDS_PER_SPAWN = 4  # control socket, stdout, stderr, exit-status pipe
-BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab.launch._worker")
+# What ranks need on every launch, and the strategies the chapters use (each costs seconds to import).
+BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab.launch._worker", "parlab",
+                "torch.nn.parallel", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
+                "torch.distributed.pipelining")
 
 
 def _preload(name: str) -> str:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from parlab.launch import _pickling, _zygote
+from parlab.launch.cluster import current_job, run_in_job
 from parlab.launch.errors import (
     LaunchError,
     RankCrashedError,
@@ -43,9 +44,13 @@ from parlab.launch.errors import (
 BACKENDS = ("auto", "gloo", "nccl")
 OUTPUTS = ("all", "rank0", "none")
 LOCAL_HOST = "127.0.0.1"
-# Modules the kernel may have imported that are slow to import in every rank: the zygote imports them
-# once, so that ranks start with them already loaded.
-AUTO_PRELOAD = ("transformers",)
+
+
+def _auto_preloads() -> list[str]:
+    """Slow-to-import modules the kernel has loaded (transformers and its model code): the zygote imports
+    them once, so that ranks start with them loaded instead of importing them on every launch."""
+    return [m for m in list(sys.modules)
+            if m == "transformers" or (m.startswith("transformers.models.") and ".modeling_" in m)]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -505,6 +510,8 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks with ``torch.distributed`` initialised.
 
     Returns the list of the values each rank returned, indexed by rank (tensors come back on the CPU).
+    In a process that torchrun or SLURM started as one rank of a job, it joins that job instead, runs
+    ``fn`` on this rank only and returns this rank's value (see :mod:`parlab.launch.cluster`).
 
     - ``backend``: ``"auto"`` takes NCCL with one GPU per rank when that many GPUs are visible, else gloo
       on CPU; ``"gloo"`` or ``"nccl"`` choose.
@@ -531,6 +538,11 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
         raise TypeError(f"args must be a tuple or list of positional arguments; got {type(args).__name__}")
     if os.environ.get("PARLAB_IN_RANK"):
         raise RuntimeError("parlab.launch was called inside a rank; launch from the notebook (or script) only")
+    job = current_job()
+    if job is not None:  # torchrun or SLURM started this process as one rank of a job: join it
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+        return run_in_job(job, fn, tuple(args), kwargs, world_size, backend, timeout, announce)
     plan = make_plan(world_size, backend, timeout, threads)
     try:
         payload = _pickling.dumps((fn, tuple(args), kwargs or {}))
@@ -541,7 +553,7 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
     if announce:
         print(plan.describe(), flush=True)
     with _zygote_lock:
-        zygote = _zygote_with([m for m in AUTO_PRELOAD if m in sys.modules])
+        zygote = _zygote_with(_auto_preloads())
     run = _Launch(plan, payload, output)
     try:
         run.start(zygote)

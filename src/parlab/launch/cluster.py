@@ -1,0 +1,76 @@
+"""From the notebook to a cluster: ``parlab.launch`` inside a job that torchrun or SLURM started.
+
+In a notebook, ``parlab.launch(fn, 4)`` starts 4 ranks. In a script run by
+``torchrun --nnodes 2 --nproc-per-node 2 script.py`` the ranks already exist: each process is one of them,
+and its environment says which (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``; under plain ``srun``, ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``). Then
+``launch`` joins that job's process group, runs ``fn`` on this process's rank only, and returns this
+rank's result. So a function written in a notebook cell runs unchanged on many nodes. Chapter 07.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Job:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    source: str  # "torchrun", "slurm" or "environment"
+
+
+def current_job() -> Job | None:
+    """The distributed job this process already belongs to, or None (then launch starts its own ranks)."""
+    env = os.environ
+    if env.get("PARLAB_IN_RANK"):
+        return None
+    if all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return Job(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                   int(env.get("LOCAL_WORLD_SIZE", 1)),
+                   "torchrun" if "TORCHELASTIC_RUN_ID" in env else "environment")
+    if all(k in env for k in ("SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT")):
+        per_node = env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]
+        return Job(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                   int(per_node) if per_node.isdigit() else 1, "slurm")
+    return None
+
+
+def run_in_job(job: Job, fn, args, kwargs, world_size, backend, timeout, announce):
+    """Run ``fn`` on this process's rank of ``job``; returns this rank's result. Errors propagate as they
+    are: torchrun and SLURM report a failing rank themselves."""
+    import torch
+    import torch.distributed as dist
+
+    if world_size != job.world_size:
+        raise ValueError(
+            f"launch(world_size={world_size}) was called in a job of {job.world_size} ranks started by "
+            f"{job.source}; pass world_size={job.world_size} (e.g. int(os.environ['WORLD_SIZE'])) or start "
+            f"the job with {world_size} ranks.")
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() > job.local_rank
+    if backend == "nccl" and not gpu:
+        raise ValueError(f"backend='nccl' needs a GPU for local rank {job.local_rank}; "
+                         f"{torch.cuda.device_count()} visible. Use backend='gloo' or 'auto'.")
+    name = "nccl" if backend == "nccl" or (backend == "auto" and gpu) else "gloo"
+    device = f"cuda:{job.local_rank}" if name == "nccl" else "cpu"
+    # parlab.rank()/device() read these; SLURM does not set the torchrun names.
+    os.environ.update(RANK=str(job.rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank),
+                      PARLAB_DEVICE=device)
+    owned = not dist.is_initialized()
+    if owned:
+        if name == "nccl":
+            torch.cuda.set_device(job.local_rank)
+        dist.init_process_group(name, init_method="env://", rank=job.rank, world_size=job.world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+    if announce and job.rank == 0:
+        print(f"parlab: {job.world_size} ranks · {name} · {'CPU' if name == 'gloo' else 'GPU'} · "
+              f"started by {job.source} ({job.local_world_size} per node)", flush=True)
+    try:
+        return fn(*args, **(kwargs or {}))
+    finally:
+        if owned:
+            dist.destroy_process_group()

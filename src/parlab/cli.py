@@ -99,9 +99,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="parlab", description="Parallelism Lab: the course's command line.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("check", help="versions, backends, CPUs, GPUs and interconnect, and a 2-rank smoke test")
+    export = sub.add_parser("export", help="write a script that runs a notebook's function on N ranks "
+                                           "(with python, or under torchrun)")
+    export.add_argument("notebook")
+    export.add_argument("function", help="name of a function defined in the notebook")
+    export.add_argument("-o", "--output", help="script to write (default: print it)")
+    export.add_argument("--world-size", type=int, default=4, help="default number of ranks (default 4)")
+    export.add_argument("--args", default="[]", help="positional arguments as a Python list, e.g. '[1000]'")
     args = parser.parse_args(argv)
     if args.command == "check":
         return check()
+    if args.command == "export":
+        import ast
+
+        from parlab.export import export_function
+
+        text = export_function(args.notebook, args.function, ast.literal_eval(args.args), args.world_size,
+                               args.output or "script.py")
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(text)
+            print(f"wrote {args.output}: python {args.output} --world-size {args.world_size}, or "
+                  f"torchrun --nproc-per-node {args.world_size} {args.output}")
+        else:
+            print(text)
+        return 0
     return 2
 
 

@@ -11,7 +11,7 @@ one rank of that job and runs the same function.
 
 """
 
-from parlab.recipes import train_ddp, script_main
+from parlab.recipes import script_main, train_ddp
 
 if __name__ == "__main__":
     script_main(train_ddp)

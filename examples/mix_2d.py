@@ -12,7 +12,7 @@ one rank of that job and runs the same function.
 With 2 processes per node and --nnodes 2 the mesh is dp=2 × tp=2: TP pairs stay inside a node.
 """
 
-from parlab.recipes import train_2d, script_main
+from parlab.recipes import script_main, train_2d
 
 if __name__ == "__main__":
     script_main(train_2d)

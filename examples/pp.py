@@ -12,7 +12,7 @@ one rank of that job and runs the same function.
 The world size must divide the model's 4 blocks: 1, 2 or 4 ranks.
 """
 
-from parlab.recipes import train_pp, script_main
+from parlab.recipes import script_main, train_pp
 
 if __name__ == "__main__":
     script_main(train_pp)

@@ -13,7 +13,7 @@ Keep tensor parallelism inside a node (--nproc-per-node), where the links are fa
 every layer, forward and backward.
 """
 
-from parlab.recipes import train_tp, script_main
+from parlab.recipes import script_main, train_tp
 
 if __name__ == "__main__":
     script_main(train_tp)

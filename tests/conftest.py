@@ -20,9 +20,9 @@ def pytest_collection_modifyitems(config, items):
 
 def zygote_children() -> list[int]:
     """PIDs of rank processes that the launcher's zygote still has."""
-    from parlab.launch import launcher
+    from parlab.launch import _zygote
 
-    z = launcher._the_zygote
+    z = _zygote._the_zygote
     if z is None or not z.alive():
         return []
     try:

@@ -7,9 +7,8 @@ import queue
 import time
 
 import pytest
-from jupyter_client.manager import start_new_kernel
-
 from conftest import wait_gone
+from jupyter_client.manager import start_new_kernel
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,16 @@ import sys
 import textwrap
 import threading
 import time
-import warnings
 
 import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import wait_gone
 
 import parlab
-from parlab.launch import launcher
-from parlab.launch.launcher import make_plan
-
-from conftest import wait_gone, zygote_children
+from parlab.launch import plan as plan_module
+from parlab.launch.plan import make_plan
 
 # Functions here travel by value, as functions defined in a notebook cell do.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -46,7 +44,7 @@ def test_results_indexed_by_rank(world_size):
         assert r["world"] == world_size
         torch.testing.assert_close(r["sum"], torch.tensor([float(expected)]))
         assert r["device"] == "cpu"
-        assert r["threads"] == max(1, launcher.cpu_count() // world_size)
+        assert r["threads"] == max(1, plan_module.cpu_count() // world_size)
 
 
 class Point:  # a class defined in the caller, used on the ranks and returned
@@ -249,14 +247,14 @@ def test_launch_inside_a_rank_is_refused():
 
 
 def test_nccl_with_too_few_gpus(monkeypatch):
-    monkeypatch.setattr(launcher, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(plan_module, "visible_gpus", lambda: 1)
     with pytest.raises(ValueError, match="NCCL refuses two ranks on one GPU"):
         make_plan(4, "nccl")
     plan = make_plan(4, "auto")  # auto falls back to CPU and says why
     assert (plan.backend, plan.device_type) == ("gloo", "cpu")
     assert "1 GPU(s) visible" in plan.describe()
     assert make_plan(1, "auto").backend == "nccl"
-    monkeypatch.setattr(launcher, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(plan_module, "visible_gpus", lambda: 0)
     with pytest.raises(ValueError, match="needs CUDA GPUs and none is visible"):
         make_plan(1, "nccl")
 

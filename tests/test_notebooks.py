@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import sys
 
 import nbformat
 import papermill

@@ -56,7 +56,7 @@ def check() -> int:
     import torch
     import torch.distributed as dist
 
-    from parlab.launch.launcher import cpu_count, max_cpu_ranks, visible_gpus
+    from parlab.launch.plan import cpu_count, max_cpu_ranks, visible_gpus
 
     print(_table("Versions", [
         ("python", platform.python_version()),

@@ -16,19 +16,26 @@ socket, stdout, stderr, exit-status pipe); the zygote forks, the child becomes a
 single-threaded, CUDA-free process is safe, and costs milliseconds instead of seconds.
 
 The zygote exits when the kernel closes its end of the socket (the kernel exited or was killed).
+The kernel's side (``_Zygote``, below the server) starts it on the first launch and restarts it if it died.
 Taught in chapter 00.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import selectors
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
 import threading
+from multiprocessing.connection import Connection
+
+from parlab.launch.errors import LaunchError
 
 SPAWN = b"S"
 PRELOAD = b"P"
@@ -114,6 +121,102 @@ def serve(sock: socket.socket) -> None:
             status_fds[pid] = status_fd
             sock.sendall(struct.pack("q", pid))
             _reap(status_fds)  # a child may have exited before its pid was recorded
+
+
+# ----------------------------------------------------------------------------------------------------
+# The kernel's side: start the zygote once, ask it for ranks.
+
+
+class _Zygote:
+    def __init__(self):
+        here, there = socket.socketpair()
+        self.log = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "parlab.launch._zygote", str(there.fileno())],
+            pass_fds=[there.fileno()], start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=self.log, stderr=self.log, env=env,
+        )
+        there.close()
+        self.sock = here
+        self.preloaded: set[str] = set()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _fail(self, what: str) -> LaunchError:
+        self.log.seek(0)
+        log = self.log.read().decode(errors="replace")[-4000:]
+        return LaunchError(f"the parlab rank server {what}.\n{log}")
+
+    def _recv(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise self._fail("stopped unexpectedly")
+            data += chunk
+        return data
+
+    def preload(self, name: str) -> None:
+        if name in self.preloaded:
+            return
+        self.preloaded.add(name)
+        self.sock.sendall(PRELOAD + name.encode())
+        self._recv(256)  # an error just means the ranks import it themselves
+
+    def spawn(self):
+        """Fork one rank; returns (pid, control connection, stdout fd, stderr fd, exit-status fd)."""
+        ctrl_here, ctrl_there = socket.socketpair()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        try:
+            socket.send_fds(self.sock, [SPAWN], [ctrl_there.fileno(), out_w, err_w, status_w])
+            (pid,) = struct.unpack("q", self._recv(8))
+        except OSError as exc:
+            for fd in (out_r, err_r, status_r):
+                os.close(fd)
+            ctrl_here.close()
+            raise self._fail(f"could not start a rank ({exc})") from None
+        finally:
+            ctrl_there.close()
+            for fd in (out_w, err_w, status_w):
+                os.close(fd)
+        return pid, Connection(ctrl_here.detach()), out_r, err_r, status_r
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_zygote_lock = threading.Lock()
+_the_zygote: _Zygote | None = None
+
+
+def _zygote_with(preloads) -> _Zygote:
+    global _the_zygote
+    if _the_zygote is None or not _the_zygote.alive():
+        if _the_zygote is None:
+            atexit.register(shutdown)
+        _the_zygote = _Zygote()
+    for name in preloads:
+        _the_zygote.preload(name)
+    return _the_zygote
+
+
+def shutdown() -> None:
+    """Stop the rank server (it restarts on the next launch). Called at interpreter exit."""
+    global _the_zygote
+    with _zygote_lock:
+        if _the_zygote is not None:
+            _the_zygote.close()
+            _the_zygote = None
 
 
 def main(argv: list[str]) -> None:

@@ -22,16 +22,12 @@ import selectors
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 import uuid
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
 
-from parlab.launch import _pickling, _zygote
+from parlab.launch import _pickling
+from parlab.launch._zygote import _Zygote, _zygote_lock, _zygote_with
 from parlab.launch.cluster import current_job, run_in_job
 from parlab.launch.errors import (
     LaunchError,
@@ -40,8 +36,8 @@ from parlab.launch.errors import (
     RankTimeoutError,
     describe_exit,
 )
+from parlab.launch.plan import BACKENDS, Plan, make_plan
 
-BACKENDS = ("auto", "gloo", "nccl")
 OUTPUTS = ("all", "rank0", "none")
 LOCAL_HOST = "127.0.0.1"
 
@@ -51,181 +47,6 @@ def _auto_preloads() -> list[str]:
     them once, so that ranks start with them loaded instead of importing them on every launch."""
     return [m for m in list(sys.modules)
             if m == "transformers" or (m.startswith("transformers.models.") and ".modeling_" in m)]
-
-
-# ----------------------------------------------------------------------------------------------------
-# Planning: validate the request and decide the mode, before any process starts.
-
-
-@dataclass(frozen=True)
-class Plan:
-    world_size: int
-    backend: str  # "gloo" or "nccl"
-    device_type: str  # "cpu" or "cuda"
-    threads: int  # CPU threads per rank
-    timeout: float
-    note: str = ""
-
-    def describe(self) -> str:
-        where = "CPU" if self.device_type == "cpu" else f"{self.world_size} GPU{'s' * (self.world_size > 1)}"
-        ranks = f"{self.world_size} rank{'s' * (self.world_size > 1)}"
-        threads = f"{self.threads} CPU thread{'s' * (self.threads > 1)} per rank"
-        line = f"parlab: {ranks} · {self.backend} · {where} · {threads}"
-        return f"{line} ({self.note})" if self.note else line
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
-def max_cpu_ranks() -> int:
-    """Each rank is a process with its own copy of the model; past this many per core they only thrash."""
-    return int(os.environ.get("PARLAB_MAX_RANKS", max(8, 2 * cpu_count())))
-
-
-def visible_gpus() -> int:
-    """GPUs this process may use (respects CUDA_VISIBLE_DEVICES); counted through NVML where torch can,
-    so the kernel does not create a CUDA context of its own."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def make_plan(world_size, backend="auto", timeout=30.0, threads=None) -> Plan:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int (the number of ranks, e.g. 2 or 4); got "
-                        f"{type(world_size).__name__} {world_size!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1 (the number of ranks, e.g. 2 or 4); got {world_size}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive int (CPU threads per rank) or None; got {threads!r}")
-    gpus = visible_gpus() if backend in ("auto", "nccl") else 0
-    note = ""
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(
-            f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) are visible "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). NCCL refuses two "
-            f"ranks on one GPU. Use world_size <= {gpus}, or backend='gloo' to run the ranks on CPU, or "
-            f"backend='auto' to choose for you." if gpus else
-            "backend='nccl' needs CUDA GPUs and none is visible; use backend='gloo' or 'auto' (CPU)."
-        )
-    if backend == "nccl" or (backend == "auto" and gpus >= world_size):
-        name, device_type = "nccl", "cuda"
-    else:
-        name, device_type = "gloo", "cpu"
-        if backend == "auto" and 0 < gpus < world_size:
-            note = f"{gpus} GPU(s) visible, NCCL needs one per rank: running on CPU instead"
-        if world_size > max_cpu_ranks():
-            raise ValueError(
-                f"world_size={world_size} would start {world_size} processes on a machine with "
-                f"{cpu_count()} CPU core(s); parlab allows at most {max_cpu_ranks()} CPU ranks here, since "
-                f"each rank holds its own copy of the model and they would only fight for the cores. Use "
-                f"a smaller world_size, or set the environment variable PARLAB_MAX_RANKS to raise the limit."
-            )
-    if threads is None:
-        threads = max(1, cpu_count() // world_size)
-    return Plan(world_size, name, device_type, threads, float(timeout), note)
-
-
-# ----------------------------------------------------------------------------------------------------
-# The zygote, one per kernel.
-
-
-class _Zygote:
-    def __init__(self):
-        here, there = socket.socketpair()
-        self.log = tempfile.TemporaryFile()
-        env = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "parlab.launch._zygote", str(there.fileno())],
-            pass_fds=[there.fileno()], start_new_session=True, stdin=subprocess.DEVNULL,
-            stdout=self.log, stderr=self.log, env=env,
-        )
-        there.close()
-        self.sock = here
-        self.preloaded: set[str] = set()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def _fail(self, what: str) -> LaunchError:
-        self.log.seek(0)
-        log = self.log.read().decode(errors="replace")[-4000:]
-        return LaunchError(f"the parlab rank server {what}.\n{log}")
-
-    def _recv(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise self._fail("stopped unexpectedly")
-            data += chunk
-        return data
-
-    def preload(self, name: str) -> None:
-        if name in self.preloaded:
-            return
-        self.preloaded.add(name)
-        self.sock.sendall(_zygote.PRELOAD + name.encode())
-        self._recv(256)  # an error just means the ranks import it themselves
-
-    def spawn(self):
-        """Fork one rank; returns (pid, control connection, stdout fd, stderr fd, exit-status fd)."""
-        ctrl_here, ctrl_there = socket.socketpair()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        status_r, status_w = os.pipe()
-        try:
-            socket.send_fds(self.sock, [_zygote.SPAWN], [ctrl_there.fileno(), out_w, err_w, status_w])
-            (pid,) = struct.unpack("q", self._recv(8))
-        except OSError as exc:
-            for fd in (out_r, err_r, status_r):
-                os.close(fd)
-            ctrl_here.close()
-            raise self._fail(f"could not start a rank ({exc})") from None
-        finally:
-            ctrl_there.close()
-            for fd in (out_w, err_w, status_w):
-                os.close(fd)
-        return pid, Connection(ctrl_here.detach()), out_r, err_r, status_r
-
-    def close(self) -> None:
-        self.sock.close()
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-_zygote_lock = threading.Lock()
-_the_zygote: _Zygote | None = None
-
-
-def _zygote_with(preloads) -> _Zygote:
-    global _the_zygote
-    if _the_zygote is None or not _the_zygote.alive():
-        _the_zygote = _Zygote()
-    for name in preloads:
-        _the_zygote.preload(name)
-    return _the_zygote
-
-
-def shutdown() -> None:
-    """Stop the rank server (it restarts on the next launch). Called at interpreter exit."""
-    global _the_zygote
-    with _zygote_lock:
-        if _the_zygote is not None:
-            _the_zygote.close()
-            _the_zygote = None
 
 
 # ----------------------------------------------------------------------------------------------------

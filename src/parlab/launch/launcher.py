@@ -242,6 +242,8 @@ class _Launch:
             return self._hang()
         r = (roots or self.failures)[0]
         ws = self.plan.world_size
+        if r.state == "dead" and any("Watchdog caught collective operation timeout" in line for line in r.last_err):
+            return self._hang()  # NCCL's watchdog aborts a rank whose collective timed out
         if r.state == "dead":
             self._stop()
             self._drain(deadline=time.monotonic() + 1.0)  # its last words may still be in the pipe

@@ -1,0 +1,74 @@
+"""GPU mode (NCCL, one GPU per rank). Marked `gpu`: skipped on machines without CUDA GPUs."""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+
+import parlab
+from parlab.launch.plan import make_plan
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_leftover_ranks")]
+needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+
+def _cuda_all_reduce():
+    t = torch.full((4,), parlab.rank() + 1.0, device=parlab.device())
+    dist.all_reduce(t)
+    return dist.get_backend(), str(parlab.device()), t  # t is a CUDA tensor: it must come back on the CPU
+
+
+def test_one_rank_per_gpu_with_nccl():
+    n = min(torch.cuda.device_count(), 2)
+    results = parlab.launch(_cuda_all_reduce, n)
+    for rank, (backend, device, t) in enumerate(results):
+        assert backend == "nccl" and device == f"cuda:{rank}"
+        assert t.device.type == "cpu"
+        torch.testing.assert_close(t, torch.full((4,), n * (n + 1) / 2))
+
+
+def test_more_ranks_than_gpus():
+    n = torch.cuda.device_count() + 1
+    plan = make_plan(n, "auto")
+    assert plan.backend == "gloo" and "NCCL needs one per rank" in plan.describe()
+    with pytest.raises(ValueError, match="NCCL refuses two ranks on one GPU"):
+        parlab.launch(_cuda_all_reduce, n, backend="nccl")
+    results = parlab.launch(_cuda_all_reduce, 2 if n <= 2 else n, backend="gloo")  # CPU tensors, gloo
+    assert results[0][:2] == ("gloo", "cpu")
+
+
+def test_safe_after_the_caller_initialised_cuda():
+    x = torch.ones(1024, device="cuda")  # the caller now holds a CUDA context
+    assert torch.cuda.is_initialized() and x.sum().item() == 1024
+    results = parlab.launch(_cuda_all_reduce, 1)
+    assert results[0][0] == "nccl"
+
+
+def _hold_memory_then_fail():
+    torch.empty(2**30, dtype=torch.uint8, device=parlab.device())  # 1 GiB per rank
+    raise RuntimeError("fails while holding GPU memory")
+
+
+def test_gpu_memory_released_after_a_failure():
+    free_before, _ = torch.cuda.mem_get_info(0)
+    with pytest.raises(parlab.RankError):
+        parlab.launch(_hold_memory_then_fail, 1)
+    free_after, _ = torch.cuda.mem_get_info(0)
+    assert free_after > free_before - 2**28  # the rank's gigabyte came back
+
+
+@needs_two
+def test_nccl_hang_is_reported():
+    def skip():
+        if parlab.rank() == 0:
+            dist.all_reduce(torch.ones(1, device=parlab.device()))
+
+    with pytest.raises(parlab.RankTimeoutError) as info:
+        parlab.launch(skip, 2, timeout=5)
+    assert "had returned" in info.value.stacks[1]

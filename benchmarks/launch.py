@@ -7,7 +7,7 @@ Every launcher runs the same work: N ranks join a gloo process group and do one 
 - mp.spawn: torch.multiprocessing.spawn from a Python that has imported torch (median); every spawn
   starts fresh interpreters, so first and repeated cost the same;
 - torchrun: the whole ``torchrun --nproc-per-node N`` command (median).
-Writes benchmarks/results/launch.json and launch.png. Usage: python benchmarks/launch.py [--repeats 5]
+Writes benchmarks/results/launch.json, launch.png and launch.md (the README's table). Usage: python benchmarks/launch.py [--repeats 5]
 """
 
 from __future__ import annotations
@@ -154,6 +154,15 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def markdown(result: dict) -> str:
+    lines = ["| ranks | parlab, repeated | parlab, first | mp.spawn | torchrun | mp.spawn ÷ parlab repeated |",
+             "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['world_size']} | {r['parlab_repeated_s']:.2f} s | {r['parlab_first_s']:.2f} s | "
+                     f"{r['mp_spawn_s']:.2f} s | {r['torchrun_s']:.2f} s | {r['spawn_over_parlab_repeated']:.0f}× |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -164,7 +173,10 @@ def main() -> None:
     with open(os.path.join(RESULTS, "launch.json"), "w") as f:
         json.dump(result, f, indent=2)
     plot(result, os.path.join(RESULTS, "launch.png"))
-    print(f"wrote {RESULTS}/launch.json and launch.png")
+    with open(os.path.join(RESULTS, "launch.md"), "w") as f:
+        f.write(markdown(result))
+    print(markdown(result))
+    print(f"wrote {RESULTS}/launch.json, launch.png and launch.md")
 
 
 if __name__ == "__main__":

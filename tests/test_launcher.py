@@ -138,6 +138,24 @@ def test_error_names_rank_and_root_cause(tmp_path):
     assert time.monotonic() - start < 10
 
 
+def test_every_failing_rank_is_named():
+    def everyone_fails():
+        raise RuntimeError(f"broken on rank {parlab.rank()}")
+
+    with pytest.raises(parlab.RankError) as info:
+        parlab.launch(everyone_fails, 3, announce=False)
+    others = {r: s for r, s in info.value.statuses.items() if r != info.value.rank}
+    assert all(s == f"raised RuntimeError: broken on rank {r}" for r, s in others.items()), others
+
+
+def test_notebook_display_is_the_message_alone():
+    with pytest.raises(parlab.RankError) as info:
+        parlab.launch(lambda: 1 / 0, 1, announce=False)
+    lines = info.value._render_traceback_()  # what IPython shows instead of the launcher's frames
+    assert lines[0] == "RankError: rank 0 of 1 raised ZeroDivisionError: division by zero"
+    assert any("1 / 0" in line for line in lines) and not any("parlab/launch/" in line for line in lines)
+
+
 def test_system_exit_is_reported():
     with pytest.raises(parlab.RankError, match="rank 0 of 2 raised SystemExit: 3"):
         parlab.launch(lambda: sys.exit(3) if parlab.rank() == 0 else None, 2, announce=False)
@@ -160,6 +178,8 @@ def test_hang_becomes_timeout_showing_each_rank():
     assert "had returned" in err.stacks[1]
     for r in (0, 2):
         assert "dist.all_reduce(t)  # rank 1 never joins" in err.stacks[r]
+        assert "gloo/transport" not in err.stacks[r]  # gloo's source path is noise to a learner
+    assert str(err).startswith("ranks 0, 2 waited 2 s in a collective; rank 1 had already returned")
     assert "same collectives" in str(err)
 
 
@@ -172,7 +192,8 @@ def _spins_on_rank0():
 def test_busy_rank_that_never_returns_is_reported():
     with pytest.raises(parlab.RankTimeoutError) as info:
         parlab.launch(_spins_on_rank0, 2, timeout=1, announce=False)
-    assert "still running (not in a collective)" in info.value.stacks[0]
+    assert "busy outside any collective" in info.value.stacks[0]
+    assert str(info.value).startswith("rank 0 was still busy elsewhere (if it is just slow, raise timeout)")
     assert "while True" in info.value.stacks[0]
 
 

@@ -82,9 +82,10 @@ def _describe_stack(frames: list) -> tuple[str, bool]:
 
 
 def _user_frames(frames: list) -> list:
-    """The frames from the user's function on: the zygote's and the launcher's own are noise."""
-    ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(_PLUMBING)]
-    return frames[ours[-1] + 1:] if ours and ours[-1] + 1 < len(frames) else frames
+    """The learner's frames: the zygote's, the worker's and the launcher's own are noise to them."""
+    user = [f for f in frames
+            if not (f.filename.startswith("<frozen") or os.path.abspath(f.filename).startswith(_PLUMBING))]
+    return user or frames
 
 
 def _format_exception(exc: BaseException) -> str:

@@ -34,6 +34,11 @@ class LaunchError(RuntimeError):
         super().__init__(message)
         self.statuses = statuses or {}
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of a traceback: the launcher's own frames would only hide the
+        rank's traceback, which the message already holds."""
+        return f"{type(self).__name__}: {self}".splitlines()
+
 
 class RankError(LaunchError):
     """A rank raised an exception. ``exception`` is the original object when it could travel."""
@@ -70,8 +75,7 @@ class RankTimeoutError(LaunchError, TimeoutError):
 
     def __init__(self, timeout, world_size, stacks: dict[int, str], statuses=None, summary=""):
         self.timeout, self.world_size, self.stacks = timeout, world_size, stacks
-        text = (f"no progress for {timeout:g} s on {world_size} ranks: {summary or 'timed out'}."
-                f"\n\nWhere each rank was:\n")
+        text = f"{summary or 'no progress'} (timeout={timeout:g} s).\n\nWhere each rank was:\n"
         for rank in sorted(stacks):
             text += f"--- rank {rank}: {stacks[rank]}\n"
         text += "\n" + HANG_HINT

@@ -18,6 +18,7 @@ import datetime
 import linecache
 import os
 import pickle
+import re
 import selectors
 import signal
 import socket
@@ -71,6 +72,7 @@ class _Rank:
 
 class _Launch:
     GRACE = 1.0  # seconds to wait for the root cause once a rank reports a communication failure
+    GATHER = 0.2  # seconds to hear from the other ranks once one reports a cause of its own
 
     def __init__(self, plan: Plan, payload: bytes, output: str):
         self.plan, self.payload, self.output = plan, payload, output
@@ -188,9 +190,9 @@ class _Launch:
             if self.failures and decide_at is None:
                 first = self.failures[0]
                 own_cause = first.state in ("dead", "unpicklable") or first.error.get("kind") == "error"
-                decide_at = now if own_cause else now + self.GRACE
+                decide_at = now + (self.GATHER if own_cause else self.GRACE)
             if decide_at is not None and any(self._is_root(r) for r in self.failures):
-                decide_at = min(decide_at, now)
+                decide_at = min(decide_at, self.failures[0].finished_at + self.GATHER)
             if decide_at is not None and now >= decide_at:
                 raise self._failure()
             finished = [r.finished_at for r in self.ranks if r.state == "ok"]
@@ -260,7 +262,8 @@ class _Launch:
                 original = _pickling.loads(err["exception"])
             except Exception:  # noqa: BLE001
                 original = None
-        return RankError(r.rank, ws, err["type"], err["message"], err["traceback"], original, statuses)
+        return RankError(r.rank, ws, err["type"], err["message"], _cell_names(err["traceback"]), original,
+                         statuses)
 
     def _hang(self) -> RankTimeoutError:
         statuses = self._statuses()
@@ -270,28 +273,32 @@ class _Launch:
         deadline = time.monotonic() + 2.0
         while any(r.stack is None and not r.exited for r in waiting) and time.monotonic() < deadline:
             self._pump(deadline - time.monotonic())
-        now = time.monotonic()
-        stacks = {}
+        now, timeout = time.monotonic(), self.plan.timeout
+        stacks, waited, returned, busy = {}, [], [], []
         for r in self.ranks:
             if r.state == "ok":
-                stacks[r.rank] = (f"had returned from its function {now - r.finished_at:.1f} s before; it never "
-                                  f"entered what its peers were waiting for")
+                returned.append(r.rank)
+                stacks[r.rank] = f"had returned from its function {now - r.finished_at:.1f} s before"
             elif r.state == "error":
-                stacks[r.rank] = (f"waiting in a collective, which timed out "
-                                  f"({_first_line(r.error['message'])}), at:\n{_indent(r.error['where'])}")
+                waited.append(r.rank)
+                stacks[r.rank] = (f"waited in a collective until it timed out "
+                                  f"({_gloo_message(r.error['message'])}), at:\n{_indent(r.error['where'])}")
             elif r.stack is not None:
                 text, in_collective = r.stack
-                what = "waiting in a collective" if in_collective else "still running (not in a collective)"
+                (waited if in_collective else busy).append(r.rank)
+                what = "waiting in a collective" if in_collective else "busy outside any collective"
                 stacks[r.rank] = f"{what}, at:\n{_indent(text)}"
             else:
                 stacks[r.rank] = statuses[r.rank]
-        returned = [r.rank for r in self.ranks if r.state == "ok"]
-        if any(r.state == "error" for r in self.ranks):
-            summary = "a collective could not complete"
-        else:
-            summary = (f"rank{'s' * (len(returned) > 1)} {_join(returned)} returned, the others did not finish "
-                       f"within timeout={self.plan.timeout:g} s")
-        return RankTimeoutError(self.plan.timeout, self.plan.world_size, stacks, statuses, summary)
+        parts = []
+        if waited:
+            parts.append(f"{_ranks(waited)} waited {timeout:g} s in a collective")
+        if busy:
+            parts.append(f"{_ranks(busy)} {'was' if len(busy) == 1 else 'were'} still busy elsewhere "
+                         f"(if it is just slow, raise timeout)")
+        if returned:
+            parts.append(f"{_ranks(returned)} had already returned" + (", so never joined it" if waited else ""))
+        return RankTimeoutError(timeout, self.plan.world_size, stacks, statuses, "; ".join(parts))
 
     # -- teardown ------------------------------------------------------------------------------------
     def _stop(self) -> None:
@@ -398,6 +405,19 @@ def _cell_sources() -> dict:
             if len(entry) == 4 and (entry[1] is None or name.startswith("<"))}
 
 
+def _cell_names(text: str) -> str:
+    """Name notebook cells as IPython does (``Cell In[12]``) instead of by their temporary file."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return text
+    shell = get_ipython()
+    cells = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    for filename, number in cells.items():
+        text = text.replace(f'File "{filename}"', f"Cell In[{number}]")
+    return text
+
+
 def _loopback_interface() -> str | None:
     try:
         names = [name for _, name in socket.if_nameindex()]
@@ -417,8 +437,13 @@ def _first_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[0][:200]
 
 
-def _join(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
+
+
+def _gloo_message(text: str) -> str:
+    """gloo prefixes its messages with its source file; the learner needs the sentence."""
+    return re.sub(r"^\[[^\]]*\]\s*", "", _first_line(text))
 
 
 def _indent(text: str) -> str:

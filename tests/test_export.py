@@ -26,7 +26,7 @@ def _notebook(tmp_path, *cells):
 def test_keeps_exactly_what_the_function_needs(tmp_path):
     path = _notebook(
         tmp_path,
-        "import torch\n%load_ext parlab\n!echo hi",
+        "import torch\nimport json, inspect as insp\n%load_ext parlab\n!echo hi",
         "scale = 2\nunused = object()",
         "def helper(x):\n    return x * scale",
         "%%ranks -n 2\nprint('magic cell')",
@@ -37,6 +37,7 @@ def test_keeps_exactly_what_the_function_needs(tmp_path):
     text = export_function(path, "work", script="w.py")
     assert "scale = 3" in text and "scale = 2" not in text
     assert "def helper" in text and "unused" not in text and "launch(work, 2)" not in text
+    assert "import torch" in text and "inspect" not in text  # only the imports the definitions use
     assert "%" not in text.split('"""')[2] and "magic cell" not in text
     out = tmp_path / "w.py"
     out.write_text(text)

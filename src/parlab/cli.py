@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("check", help="versions, backends, CPUs, GPUs and interconnect, and a 2-rank smoke test")
     export = sub.add_parser("export", help="write a script that runs a notebook's function on N ranks "
-                                           "(with python, or under torchrun)")
+                                           "(with python, or under torchrun); save the notebook first")
     export.add_argument("notebook")
     export.add_argument("function", help="name of a function defined in the notebook")
     export.add_argument("-o", "--output", help="script to write (default: print it)")

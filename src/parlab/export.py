@@ -7,6 +7,10 @@ uses, and what those use in turn; the last definition of each name, as after run
 notebook), in notebook order, and a ``__main__`` that calls
 ``parlab.launch(train, world_size)``. Run it with ``python train.py`` or under torchrun: ``launch`` then
 joins the job (see :mod:`parlab.launch.cluster`). Nothing is copied by hand, so nothing drifts.
+
+It reads the notebook file: save the notebook first. Only imports, function and class definitions and
+assignments are exported; other top-level statements (``torch.manual_seed(0)``, a training run) are not,
+so put what the function needs inside it.
 Chapter 00, "From notebook to cluster".
 """
 
@@ -31,6 +35,11 @@ def _defined(node) -> set[str]:
         return {node.name}
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _bound(node) -> set[str]:
+    """Names an import statement binds: ``import a.b`` binds ``a``, ``from a import b as c`` binds ``c``."""
+    return {(alias.asname or alias.name).split(".")[0] for alias in node.names}
 
 
 def _used(node) -> set[str]:
@@ -58,7 +67,7 @@ def export_function(notebook: str, function: str, args=(), world_size: int = 4, 
         for node in tree.body:
             text = ast.get_source_segment(source, node)
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                imports.append(text)
+                imports.append((node, text))
             elif isinstance(node, _DEFINITIONS):
                 definitions.append((node, text))
     if not any(function in _defined(n) and not isinstance(n, (ast.Assign, ast.AnnAssign))
@@ -80,11 +89,13 @@ def export_function(notebook: str, function: str, args=(), world_size: int = 4, 
             keep.add(last[name])
             needed |= _used(definitions[last[name]][0])
     body = "\n\n\n".join(definitions[i][1] for i in sorted(keep))
-    header = list(dict.fromkeys(imports + ["import argparse", "import os", "import parlab"]))
+    used = set().union(*(_used(definitions[i][0]) for i in keep))
+    kept_imports = [text for node, text in imports if _bound(node) & used]
+    header = list(dict.fromkeys(kept_imports + ["import argparse", "import os", "import parlab"]))
     return f'''"""Exported from {notebook} by `parlab export`: runs `{function}` on N ranks.
 
-    python {script} --world-size {world_size}                 # ranks started by parlab
-    torchrun --nproc-per-node {world_size} {script}           # each process one rank of the job
+    python {script} --world-size {world_size}        # ranks started by parlab; prints every rank's value
+    torchrun --nproc-per-node {world_size} {script}  # each process is one rank; rank 0 prints its value
 """
 
 {chr(10).join(header)}

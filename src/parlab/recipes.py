@@ -8,7 +8,7 @@ batch, identical on every rank, so that runs can be compared across strategies a
 
 These use PyTorch's own implementation of each strategy (DDP, FSDP2 ``fully_shard``, DTensor
 ``parallelize_module``, ``torch.distributed.pipelining``); the chapters build each from scratch and check it
-against them. Chapter 07 ("from notebook to cluster") shows how to run them on several nodes.
+against them. Chapter 00 ("From notebook to cluster") shows how to run them on several nodes.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parlab import runtime
 
@@ -98,8 +103,6 @@ def _data_parallel_loop(model, steps, global_batch, seed, dp_rank, dp_size) -> l
 
 def train_ddp(steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[float]:
     """Data parallel: every rank holds the whole model and a 1/n slice of the batch (chapter 03)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     device = runtime.device()
     model = DDP(make_model(seed=seed).to(device), device_ids=[device.index] if device.type == "cuda" else None)
     return _data_parallel_loop(model, steps, global_batch, seed, dist.get_rank(), dist.get_world_size())
@@ -107,8 +110,6 @@ def train_ddp(steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[flo
 
 def train_zero(steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[float]:
     """ZeRO-3 / FSDP2: parameters, gradients and optimizer state sharded across ranks (chapter 04)."""
-    from torch.distributed.fsdp import fully_shard
-
     model = make_model(seed=seed).to(runtime.device())
     for block in model:
         fully_shard(block)  # each block is gathered just before use and freed after
@@ -117,8 +118,6 @@ def train_zero(steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[fl
 
 
 def _tensor_parallel(model: nn.Sequential, mesh) -> None:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
     plan = {}
     for i in range(len(model)):
         plan[f"{i}.up"] = ColwiseParallel()  # (batch, 4 hidden / tp_size) on each rank
@@ -128,8 +127,6 @@ def _tensor_parallel(model: nn.Sequential, mesh) -> None:
 
 def train_tp(steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[float]:
     """Tensor parallel: every layer split across ranks, the whole batch on every rank (chapter 05)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     device = runtime.device()
     model = make_model(seed=seed).to(device)
     _tensor_parallel(model, init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("tp",)))
@@ -139,8 +136,6 @@ def train_tp(steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[floa
 def train_pp(steps: int = 5, global_batch: int = 16, seed: int = 0, num_micro_batches: int = 4) -> list[float]:
     """Pipeline parallel (GPipe): rank r holds the r-th group of blocks; micro-batches flow through
     (chapter 06)."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
     rank, n, device = dist.get_rank(), dist.get_world_size(), runtime.device()
     if NUM_BLOCKS % n:
         raise ValueError(f"train_pp splits {NUM_BLOCKS} blocks into equal stages: world_size must divide "
@@ -172,9 +167,6 @@ def train_pp(steps: int = 5, global_batch: int = 16, seed: int = 0, num_micro_ba
 def train_2d(steps: int = 5, global_batch: int = 16, seed: int = 0, tp_size: int = 2) -> list[float]:
     """FSDP2 across the ``dp`` axis and tensor parallelism within the ``tp`` axis of a 2-D mesh
     (chapter 07). TP is applied first: FSDP then shards the already-split parameters."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     n, device = dist.get_world_size(), runtime.device()
     if n % tp_size:
         raise ValueError(f"world_size={n} must be a multiple of tp_size={tp_size}")

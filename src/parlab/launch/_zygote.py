@@ -40,10 +40,9 @@ from parlab.launch.errors import LaunchError
 SPAWN = b"S"
 PRELOAD = b"P"
 FDS_PER_SPAWN = 4  # control socket, stdout, stderr, exit-status pipe
-# What ranks need on every launch, and the strategies the chapters use (each costs seconds to import).
-BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab.launch._worker", "parlab",
-                "torch.nn.parallel", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
-                "torch.distributed.pipelining")
+# What every rank needs. Heavier modules (strategies, transformers) are preloaded on request, when the
+# kernel itself uses them (see launcher._auto_preloads).
+BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab", "parlab.launch._worker")
 
 
 def _preload(name: str) -> str:

@@ -5,7 +5,8 @@ In a notebook, ``parlab.launch(fn, 4)`` starts 4 ranks. In a script run by
 and its environment says which (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``; under plain ``srun``, ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``). Then
 ``launch`` joins that job's process group, runs ``fn`` on this process's rank only, and returns this
-rank's result. So a function written in a notebook cell runs unchanged on many nodes. Chapter 07.
+rank's result. So a function written in a notebook cell runs unchanged on many nodes. Chapter 00,
+"From notebook to cluster".
 """
 
 from __future__ import annotations

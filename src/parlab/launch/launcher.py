@@ -43,15 +43,15 @@ OUTPUTS = ("all", "rank0", "none")
 LOCAL_HOST = "127.0.0.1"
 
 
+# Modules that take seconds to import. When the kernel has imported one, its ranks will likely need it
+# too: the zygote imports it once, instead of every rank on every launch.
+HEAVY_MODULES = ("transformers", "torch.nn.parallel.distributed", "torch.distributed.fsdp",
+                 "torch.distributed.tensor.parallel", "torch.distributed.pipelining")
+
+
 def _auto_preloads() -> list[str]:
-    """Slow-to-import modules the kernel has loaded (transformers and its model code): the zygote imports
-    them once, so that ranks start with them loaded instead of importing them on every launch."""
-    return [m for m in list(sys.modules)
-            if m == "transformers" or (m.startswith("transformers.models.") and ".modeling_" in m)]
-
-
-# ----------------------------------------------------------------------------------------------------
-# One launch.
+    return [m for m in list(sys.modules) if m in HEAVY_MODULES
+            or (m.startswith("transformers.models.") and ".modeling_" in m)]
 
 
 class _Rank:

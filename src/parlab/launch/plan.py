@@ -44,11 +44,11 @@ def max_cpu_ranks() -> int:
 
 
 def visible_gpus() -> int:
-    """GPUs this process may use (respects CUDA_VISIBLE_DEVICES); counted through NVML where torch can,
-    so the kernel does not create a CUDA context of its own."""
+    """GPUs this process may use (respects CUDA_VISIBLE_DEVICES). torch counts them through NVML where
+    it can, so asking does not create a CUDA context (and take GPU memory) in the kernel."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count()
 
 
 def make_plan(world_size, backend="auto", timeout=30.0, threads=None) -> Plan:

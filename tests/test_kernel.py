@@ -42,8 +42,15 @@ def run(kc, code: str, timeout: float = 60.0):
             results.append(content["data"].get("text/plain", ""))
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    reply = kc.get_shell_msg(timeout=10)["content"]
-    return reply, "".join(out), "".join(err), "\n".join(tb), results
+    return _reply(kc, msg_id), "".join(out), "".join(err), "\n".join(tb), results
+
+
+def _reply(kc, msg_id: str) -> dict:
+    """The shell reply to ``msg_id`` (skipping replies to earlier requests)."""
+    while True:
+        msg = kc.get_shell_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg["content"]
 
 
 def test_magic_runs_the_cell_on_ranks(kernel):
@@ -91,7 +98,8 @@ def test_launch_of_function_defined_in_cell_shows_its_line(kernel):
 
 def test_hang_in_cell_times_out(kernel):
     _, kc = kernel
-    code = "%%ranks -n 2 --timeout 2\nif parlab.rank() == 0:\n    dist.all_reduce(torch.ones(1))"
+    # The barrier first: on a loaded machine a rank may take seconds to reach the line that hangs.
+    code = "%%ranks -n 2 --timeout 2\ndist.barrier()\nif parlab.rank() == 0:\n    dist.all_reduce(torch.ones(1))"
     start = time.monotonic()
     reply, _, _, tb, _ = run(kc, code, timeout=30)
     assert reply["ename"] == "RankTimeoutError"
@@ -111,7 +119,7 @@ def test_interrupt_stops_every_rank(kernel, tmp_path):
     assert len(pids) == 3
     start = time.monotonic()
     km.interrupt_kernel()
-    reply = kc.get_shell_msg(timeout=30)["content"]
+    reply = _reply(kc, msg_id)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
     assert wait_gone(pids, 5.0) == []
     assert time.monotonic() - start < 5

@@ -163,6 +163,7 @@ def test_system_exit_is_reported():
 
 def _skips_all_reduce():
     t = torch.ones(2)
+    dist.barrier()  # all ranks ready: on a loaded machine one may take seconds to reach the next line
     if parlab.rank() != 1:
         dist.all_reduce(t)  # rank 1 never joins
 
@@ -184,6 +185,7 @@ def test_hang_becomes_timeout_showing_each_rank():
 
 
 def _spins_on_rank0():
+    dist.barrier()
     if parlab.rank() == 0:
         while True:
             pass

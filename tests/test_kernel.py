@@ -15,6 +15,8 @@ from jupyter_client.manager import start_new_kernel
 def kernel():
     km, kc = start_new_kernel(kernel_name="python3")
     try:
+        reply, *_ = run(kc, "import parlab, torch, torch.distributed as dist\n%load_ext parlab")
+        assert reply["status"] == "ok"
         yield km, kc
     finally:
         kc.stop_channels()
@@ -55,8 +57,7 @@ def _reply(kc, msg_id: str) -> dict:
 
 def test_magic_runs_the_cell_on_ranks(kernel):
     _, kc = kernel
-    reply, out, _, tb, _ = run(kc, "import parlab, torch, torch.distributed as dist\n%load_ext parlab\n"
-                                   "scale = 3\ndef helper(x):\n    return x * scale\n")
+    reply, out, _, tb, _ = run(kc, "scale = 3\ndef helper(x):\n    return x * scale\n")
     assert reply["status"] == "ok", tb
     reply, out, _, tb, results = run(kc, "%%ranks -n 4\nt = torch.ones(1) * parlab.rank()\n"
                                          "dist.all_reduce(t)\nprint('total', t.item())\nhelper(t.item())")

@@ -47,6 +47,7 @@ class _Channel:
         self.conn = Connection(fd)
         self.lock = threading.Lock()
         self.done = threading.Event()
+        self.finished = False  # the function returned or raised; its report is on the way
         self.main_thread = threading.main_thread().ident
 
     def send(self, msg) -> None:
@@ -61,7 +62,7 @@ class _Channel:
                 os._exit(1)  # the kernel is gone: never outlive it
             if msg == b"done":
                 self.done.set()
-            elif msg == b"stack":
+            elif msg == b"stack" and not self.finished:  # once finished, the report itself answers
                 frame = sys._current_frames().get(self.main_thread)
                 self.send(("stack", _describe_stack(list(traceback.extract_stack(frame)) if frame else [])))
 
@@ -136,8 +137,10 @@ def main(ctrl_fd: int, out_fd: int, err_fd: int) -> int:
         fn, args, kwargs = _pickling.loads(spec["payload"])
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit too, goes to the kernel
+        channel.finished = True
         channel.send(("error", _error_report(exc, time.monotonic() - started)))
     else:
+        channel.finished = True
         try:
             channel.send(("ok", _pickling.dumps(value)))
         except Exception as exc:  # noqa: BLE001

@@ -266,13 +266,13 @@ class _Launch:
                          statuses)
 
     def _hang(self) -> RankTimeoutError:
-        statuses = self._statuses()
         waiting = [r for r in self.ranks if r.state == "running"]
         for r in waiting:
             _try(r.ctrl.send_bytes, b"stack")
         deadline = time.monotonic() + 2.0
-        while any(r.stack is None and not r.exited for r in waiting) and time.monotonic() < deadline:
+        while any(r.stack is None and r.state == "running" for r in waiting) and time.monotonic() < deadline:
             self._pump(deadline - time.monotonic())
+        statuses = self._statuses()
         now, timeout = time.monotonic(), self.plan.timeout
         stacks, waited, returned, busy = {}, [], [], []
         for r in self.ranks:

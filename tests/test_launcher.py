@@ -18,6 +18,7 @@ from conftest import wait_gone
 
 import parlab
 from parlab.launch import plan as plan_module
+from parlab.launch import preload
 from parlab.launch.plan import make_plan
 
 # Functions here travel by value, as functions defined in a notebook cell do.
@@ -352,3 +353,12 @@ def test_no_orphans_when_the_caller_is_killed(tmp_path):
     proc.kill()  # like a kernel that dies: no chance to clean up
     proc.wait()
     assert wait_gone(pids, 5.0) == []
+
+
+def test_preload_puts_a_module_in_every_later_rank():
+    def has_tabnanny():
+        return "tabnanny" in sys.modules  # before the function imports anything itself
+
+    assert parlab.launch(has_tabnanny, 2, announce=False) == [False, False]
+    preload("tabnanny")
+    assert parlab.launch(has_tabnanny, 2, announce=False) == [True, True]

@@ -43,6 +43,9 @@ FDS_PER_SPAWN = 4  # control socket, stdout, stderr, exit-status pipe
 # What every rank needs. Heavier modules (strategies, transformers) are preloaded on request, when the
 # kernel itself uses them (see launcher._auto_preloads).
 BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab", "parlab.launch._worker")
+# Imported once the first ranks are on their way, while the zygote is idle: DistributedDataParallel and
+# FSDP import torch._dynamo when they are built, which costs every rank seconds on every launch.
+WARM_LATER = ("torch._dynamo",)
 
 
 def _preload(name: str) -> str:
@@ -83,8 +86,14 @@ def serve(sock: socket.socket) -> None:
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
+    warm_later, spawned = list(WARM_LATER), False
     while True:
-        for key, _ in sel.select():
+        # Half a second without a request: the launch has all its ranks; use the pause to warm up.
+        events = sel.select(timeout=0.5 if warm_later and spawned else None)
+        if not events and warm_later:
+            _preload(warm_later.pop(0))
+            continue
+        for key, _ in events:
             if key.fileobj == wake_r:
                 os.read(wake_r, 4096)
                 _reap(status_fds)
@@ -118,6 +127,7 @@ def serve(sock: socket.socket) -> None:
             for fd in (ctrl_fd, out_fd, err_fd):
                 os.close(fd)
             status_fds[pid] = status_fd
+            spawned = True
             sock.sendall(struct.pack("q", pid))
             _reap(status_fds)  # a child may have exited before its pid was recorded
 
@@ -207,6 +217,17 @@ def _zygote_with(preloads) -> _Zygote:
     for name in preloads:
         _the_zygote.preload(name)
     return _the_zygote
+
+
+def preload(*modules: str) -> None:
+    """Import ``modules`` once in the zygote, so that every later rank starts with them loaded.
+
+    For modules that take seconds to import and that ranks use on every launch. A module that starts a
+    thread when imported is refused (forking a threaded process is unsafe); ranks then import it
+    themselves.
+    """
+    with _zygote_lock:
+        _zygote_with(modules)
 
 
 def shutdown() -> None:

@@ -95,9 +95,6 @@ def measure(cfg: dict) -> dict:
 
 
 def plot(result: dict, title: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     med = result["median_step_s"]
@@ -126,6 +123,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bucket-mb", type=float, default=None, help="bucket size for v2, v3 and DDP alike")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")  # a script writes PNGs; a notebook importing plot() keeps its own backend
     for name in ("world_size", "steps", "rounds"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")

@@ -139,9 +139,6 @@ def table(measured: dict, cpu: bool) -> str:
 
 
 def plot(measured: dict, where: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     pub = PUBLISHED["seconds"]
@@ -171,6 +168,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")  # a script writes PNGs; a notebook importing plot() keeps its own backend
     if args.gpus < 2:
         ap.error(f"--gpus must be at least 2 (the benchmark compares ways of using several); got {args.gpus}")
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0

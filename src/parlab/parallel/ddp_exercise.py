@@ -44,32 +44,37 @@ def _on_rank(fn) -> list[str]:
         fn(list(params))
     except NotImplementedError:
         return ["average_gradients is not written yet (it raises NotImplementedError)"]
-    problems = []
+    problems = []  # (parameter name, what is wrong)
     for i, (name, p) in enumerate(zip(names, params)):
         total = sum(e[i] for e in everyone)
         want = total / n
         got = p.grad
         if not torch.equal(p.detach(), before[i]):
-            problems.append(f"{name}: the parameter itself changed; only .grad should")
+            problems.append((name, "the parameter itself changed; only .grad should"))
         elif got is None:
-            problems.append(f"{name}: .grad is None afterwards")
+            problems.append((name, ".grad is None afterwards"))
         elif got.shape != want.shape:
-            problems.append(f"{name}: .grad has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+            problems.append((name, f".grad has shape {tuple(got.shape)}, expected {tuple(want.shape)}"))
         elif torch.allclose(got, want, rtol=1e-5, atol=1e-6):
             continue
         elif torch.allclose(got, mine[i]):
-            problems.append(f"{name}: .grad is unchanged: this rank's gradient was not combined with the "
-                            f"others (no all-reduce?)")
+            problems.append((name, ".grad is unchanged: this rank's gradient was not combined with the "
+                                   "others (no all-reduce?)"))
         elif torch.allclose(got, total, rtol=1e-5, atol=1e-6):
-            problems.append(f"{name}: .grad holds the SUM over the {n} ranks; divide by the world size to "
-                            f"get the average")
+            problems.append((name, f".grad holds the SUM over the {n} ranks; divide by the world size to "
+                                   f"get the average"))
         elif torch.allclose(got, mine[i] / n, rtol=1e-5, atol=1e-6):
-            problems.append(f"{name}: .grad is this rank's gradient divided by {n}: it was never summed "
-                            f"with the other ranks' (an all-reduce is missing)")
+            problems.append((name, f".grad is this rank's gradient divided by {n}: it was never summed "
+                                   f"with the other ranks' (an all-reduce is missing)"))
         else:
             err = (got - want).abs().max().item()
-            problems.append(f"{name}: .grad differs from the average over ranks by up to {err:.3g}")
-    return problems
+            problems.append((name, f".grad differs from the average over ranks by up to {err:.3g}"))
+    # One line per distinct problem, naming the parameters it hits.
+    by_text: dict[str, list[str]] = {}
+    for name, text in problems:
+        by_text.setdefault(text, []).append(name)
+    return [f"{', '.join(ns) if len(ns) <= 3 else f'{len(ns)} of {len(names)} parameters'}: {text}"
+            for text, ns in by_text.items()]
 
 
 def check_average_gradients(fn, world_size: int = 2, strict: bool = False) -> bool:
@@ -83,7 +88,12 @@ def check_average_gradients(fn, world_size: int = 2, strict: bool = False) -> bo
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"world_size must be an int >= 2 (averaging needs several ranks); got {world_size!r}")
     per_rank = parlab.launch(_on_rank, world_size=world_size, args=(fn,), announce=False, output="all")
-    report = [f"rank {r}, {line}" for r, lines in enumerate(per_rank) for line in lines]
+    ranks_of: dict[str, list[int]] = {}  # the same finding on several ranks is reported once
+    for r, lines in enumerate(per_rank):
+        for line in lines:
+            ranks_of.setdefault(line, []).append(r)
+    report = [f"{'every rank' if len(rs) == world_size else 'rank ' + ', '.join(map(str, rs))}: {line}"
+              for line, rs in ranks_of.items()]
     if not report:
         print(f"✓ every gradient on every one of {world_size} ranks is the average over ranks")
         return True

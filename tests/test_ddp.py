@@ -25,7 +25,7 @@ GLOBAL_BATCH = 12  # splits evenly over 2, 3 and 4 ranks
 ACCUM = 2  # micro-batches per step in the no_sync test
 LR = 0.05
 TASKS = ("mlp", "gpt2")
-# 64 B is smaller than almost every parameter (each then gets its own bucket); 1 KiB groups a few
+# 64 B is smaller than almost every parameter (each then fills a bucket alone); 1 KiB groups a few
 # small ones; the default (25 MiB) puts the whole model in one bucket.
 BUCKETS = (64, 1024, 25 * 1024 * 1024)
 
@@ -210,7 +210,9 @@ def test_bucket_layout(trained):
     tiny = per_rank[0][("v2", "mlp", BUCKETS[0], 1)][1]["buckets"]
     names = [n for n, _ in tiny_mlp().named_parameters()]
     assert one == [names[::-1]]  # everything fits one bucket, in reverse parameter order
-    assert tiny == [[n] for n in names[::-1]]  # every parameter exceeds 64 B: one bucket each
+    # A bucket closes once it holds >= 64 B: out.bias (8 floats, 32 B) shares with out.weight; every
+    # other parameter is 64 B or more and fills a bucket alone.
+    assert tiny == [["out.bias", "out.weight"]] + [[n] for n in names[::-1][2:]]
 
 
 def test_v3_communicates_during_backward_and_v2_after(trained):

@@ -7,7 +7,7 @@ would take on the whole global batch (for a loss that is a mean over equally siz
 
 - :class:`DDPNaive` (v1): broadcast the initial parameters from rank 0; after backward, all-reduce and
   average every gradient, one collective per parameter.
-- :class:`DDPBuckets` (v2): pack gradients into flat buckets of at most ``bucket_bytes`` (in reverse
+- :class:`DDPBuckets` (v2): pack gradients into flat buckets of about ``bucket_bytes`` (in reverse
   parameter order, roughly the order backward produces them) and run one collective per bucket: a few
   large messages pay the fixed cost of a collective far fewer times than many small ones.
 - :class:`DDPOverlap` (v3): launch each bucket's all-reduce *during* backward, as soon as all of its
@@ -150,10 +150,12 @@ class Bucket:
 
 
 class DDPBuckets(DDPNaive):
-    """DDP v2: gradients packed into buckets of at most ``bucket_bytes``, one all-reduce per bucket.
+    """DDP v2: gradients packed into buckets of about ``bucket_bytes``, one all-reduce per bucket.
 
     Buckets are filled in reverse parameter order, the order in which backward roughly produces
-    gradients (v3 relies on that). A parameter larger than ``bucket_bytes`` gets a bucket of its own.
+    gradients (v3 relies on that). A bucket is closed as soon as it holds ``bucket_bytes`` or more, so
+    it may exceed that by up to one parameter; a parameter larger than ``bucket_bytes`` fills a bucket
+    on its own.
     Li et al. 2020, section 3.2, "gradient bucketing".
     """
 
@@ -169,14 +171,15 @@ class DDPBuckets(DDPNaive):
         group: list = []
         size = 0
         for p in reversed(self._params):
-            nbytes = p.numel() * p.element_size()
-            # One buffer has one dtype and device, so those also close a bucket.
-            if group and (size + nbytes > bucket_bytes or p.dtype != group[0].dtype
-                          or p.device != group[0].device):
+            # One buffer has one dtype and device: a change of either starts a new bucket.
+            if group and (p.dtype != group[0].dtype or p.device != group[0].device):
                 self._add_bucket(group, names)
                 group, size = [], 0
             group.append(p)
-            size += nbytes
+            size += p.numel() * p.element_size()
+            if size >= bucket_bytes:  # full: close it (PyTorch's DDP uses the same rule)
+                self._add_bucket(group, names)
+                group, size = [], 0
         if group:
             self._add_bucket(group, names)
 

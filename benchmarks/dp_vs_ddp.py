@@ -13,9 +13,9 @@ published one.
     python benchmarks/dp_vs_ddp.py                  # needs 2+ GPUs; says so and exits 0 otherwise
     python benchmarks/dp_vs_ddp.py --cpu-analogue   # tiny GPT-2, 2 gloo ranks on CPU, about a minute
 
-On CPU there are no GPUs for nn.DataParallel to scatter to (it then runs the module unchanged, as one
-process on the whole batch) and no NVLink to turn off, so the analogue shows the shape of the experiment,
-not its numbers. Writes ``benchmarks/results/dp_vs_ddp[_cpu].json`` and ``.png``.
+On CPU there are no GPUs for nn.DataParallel to scatter to (it then runs the module unchanged), so the
+analogue plays DP's data flow with ranks (``parlab.parallel.dp``, rank 0 as GPU 0) on the same cores as
+DDP, and there is no NVLink to turn off: it shows the shape of the experiment, not its numbers. Writes ``benchmarks/results/dp_vs_ddp[_cpu].json`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -78,6 +78,29 @@ def run_dp(cfg: dict, n: int) -> dict:
     return {"seconds": time.perf_counter() - start, "final_loss": loss.item()}
 
 
+def played_dp_rank(cfg: dict) -> dict:
+    """CPU analogue of DP: its five exchanges through rank 0, played by ranks (parlab.parallel.dp)."""
+    import torch.distributed as dist
+
+    from parlab.parallel.dp import train_like_dataparallel
+
+    n, dev = parlab.world_size(), parlab.device()
+    model = build(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    data = batches(cfg, cfg["batch"] * n)
+    train_like_dataparallel(model, data[:cfg["warmup"]], opt)
+    dist.barrier()
+    start = time.perf_counter()
+    train_like_dataparallel(model, data[cfg["warmup"]:], opt)
+    seconds = torch.tensor([time.perf_counter() - start])
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return {"seconds": seconds.item()}
+
+
+def run_played_dp(cfg: dict, n: int) -> dict:
+    return parlab.launch(played_dp_rank, world_size=n, args=(cfg,), backend="gloo", timeout=600, output="rank0")[0]
+
+
 def ddp_rank(cfg: dict) -> dict:
     """One rank of DistributedDataParallel: its own process, its own shard, one gradient exchange."""
     import torch.distributed as dist
@@ -134,7 +157,9 @@ def table(measured: dict, cpu: bool) -> str:
             f"{'n/a':>14}{'':>8}"
         lines.append(f"{s:<26}{pub[s]:>14.2f}{pub[s] / pub['DDP']:>8.2f}   {mine}")
     if cpu:
-        lines.append("n/a: on CPU there is no NVLink to turn off (gloo ignores NCCL_P2P_DISABLE).")
+        lines.append("On CPU, DP is its data flow played by ranks (parlab.parallel.dp): nn.DataParallel "
+                     "itself has no devices to use.\n"
+                     "n/a: on CPU there is no NVLink to turn off (gloo ignores NCCL_P2P_DISABLE).")
     return "\n".join(lines)
 
 
@@ -193,7 +218,7 @@ def main(argv=None) -> int:
     measured["DDP"] = run_ddp(cfg, n, backend)
     if not args.cpu_analogue:
         measured["DDP, NCCL_P2P_DISABLE=1"] = run_ddp(cfg, n, backend, {"NCCL_P2P_DISABLE": "1"})
-    measured["DP"] = run_dp(cfg, n)
+    measured["DP"] = run_played_dp(cfg, n) if args.cpu_analogue else run_dp(cfg, n)
 
     m = machine(backend)
     where = describe(m)

@@ -9,7 +9,7 @@ at least 0.8x DDP's throughput (ratio = DDP step time / v3 step time).
     python benchmarks/ddp_throughput.py                  # CPU: 2 gloo ranks, a small GPT-2
     python benchmarks/ddp_throughput.py --world-size 4   # GPUs: NCCL when 4 are visible
 
-Writes ``benchmarks/results/ddp_throughput.json`` and ``.png``, naming the machine and backend.
+Writes ``benchmarks/results/ddp_throughput_<N>ranks.json`` and ``.png``, naming the machine and backend.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     print(f"target v3 >= 0.8x DDP: {verdict} ({result['throughput_vs_ddp']['v3']:.2f}x)")
     title = (f"DDP from scratch vs DistributedDataParallel, {args.world_size} ranks, "
              f"{out['num_params'] / 1e6:.2f} M params\n{where}")
-    js, png = write(results_dir(args.out), "ddp_throughput", result, plot(result, title))
+    js, png = write(results_dir(args.out), f"ddp_throughput_{args.world_size}ranks", result, plot(result, title))
     print(f"wrote {js} and {png}")
     return 0
 

@@ -29,8 +29,9 @@ The three share one usage, so chapter 03 can swap them and compare with PyTorch'
 Observing communication: every collective goes through one method, ``_communicate``. Pass
 ``on_collective=callback`` and the callback receives one :class:`CommEvent` per collective (operation,
 bucket index, bytes, start and end times from ``time.perf_counter()``, rank). For an asynchronous
-collective the end time is taken when the collective completes (for NCCL: when the host learns of it),
-and ``sync_gradients`` returns only after every callback has run. The callback may run on another
+collective the end time is taken when its future completes (exact with gloo on CPU; with NCCL the host
+learns of completion only approximately, so time GPU work with CUDA events), and ``sync_gradients``
+returns only after every callback has run. The callback may run on another
 thread, so it should only record (e.g. ``events.append``). ``parlab.measure`` builds on this hook.
 """
 
@@ -134,7 +135,7 @@ class DDPNaive(nn.Module):
             p.grad.div_(self.world_size)  # the sum of shard-mean gradients / n = the global mean
 
 
-@dataclass
+@dataclass(eq=False)
 class Bucket:
     """Parameters whose gradients travel together in one flat buffer."""
 
@@ -192,7 +193,7 @@ class DDPBuckets(DDPNaive):
         self.buckets.append(Bucket(len(self.buckets), params, [names[id(p)] for p in params], buffer, views))
 
     @staticmethod
-    def _pack(bucket: Bucket, p, view) -> None:
+    def _pack(p, view) -> None:
         if p.grad is None:
             view.zero_()
         else:
@@ -209,7 +210,7 @@ class DDPBuckets(DDPNaive):
         """Per bucket: copy grads in, divide by n, all-reduce (sum), copy the averages back out."""
         for b in self.buckets:
             for p, view in zip(b.params, b.views):
-                self._pack(b, p, view)
+                self._pack(p, view)
             # Dividing before summing (as PyTorch's DDP does) keeps the sum from growing with n.
             b.buffer.div_(self.world_size)
             self._communicate("all_reduce", b.buffer, b.index)
@@ -225,8 +226,8 @@ class DDPOverlap(DDPBuckets):
     strictly in index order, so every rank issues the same collectives in the same order even if
     autograd finishes gradients in a different order. :meth:`sync_gradients` waits for them all.
     Inside :meth:`no_sync` the hooks do nothing: gradients accumulate in ``.grad`` and the first
-    backward outside reduces the accumulated sum. Li et al. 2020, section 3.2, "overlapping computation
-    with communication" and "gradient accumulation".
+    backward outside reduces the accumulated sum. Wrap a model once: the hooks stay on its parameters.
+    Li et al. 2020, section 3.2, "overlapping computation with communication" and "gradient accumulation".
     """
 
     def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, process_group=None,
@@ -284,7 +285,7 @@ class DDPOverlap(DDPBuckets):
         for b in self.buckets[self._next:]:
             for p, view in zip(b.params, b.views):
                 if id(p) not in self._ready:
-                    self._pack(b, p, view)
+                    self._pack(p, view)
             self._launch(b)
         for waitable in self._pending:
             waitable.wait()

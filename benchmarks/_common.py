@@ -1,0 +1,52 @@
+"""What every benchmark in this folder shares: naming the machine, and writing results as JSON + PNG."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+
+import torch
+
+
+def machine(backend: str) -> dict:
+    """Which machine and backend produced a result: a number means little without this."""
+    info = {
+        "host_cpu": platform.processor() or platform.machine(),
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "backend": backend,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available() else [],
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if names:
+            info["host_cpu"] = names[0]
+    except OSError:
+        pass
+    return info
+
+
+def describe(m: dict) -> str:
+    where = ", ".join(m["gpus"]) if m["gpus"] else f"{m['cpu_cores']} CPU cores ({m['host_cpu']})"
+    return f"{where} · {m['backend']} · torch {m['torch']}"
+
+
+def results_dir(path: str | None = None) -> str:
+    out = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(out, exist_ok=True)
+    return out
+
+
+def write(out_dir: str, name: str, data: dict, fig) -> tuple[str, str]:
+    """Writes ``name.json`` and ``name.png``; returns their paths."""
+    js, png = os.path.join(out_dir, f"{name}.json"), os.path.join(out_dir, f"{name}.png")
+    with open(js, "w") as f:
+        json.dump(data, f, indent=2)
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    return js, png

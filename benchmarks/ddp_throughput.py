@@ -23,9 +23,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from _common import describe, machine, results_dir, write  # noqa: E402
 
 import parlab  # noqa: E402
-from _common import describe, machine, results_dir, write  # noqa: E402
 
 KINDS = ("v1", "v2", "v3", "torch")
 LABELS = {"v1": "v1 naive", "v2": "v2 buckets", "v3": "v3 overlap", "torch": "DistributedDataParallel"}

@@ -28,9 +28,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from _common import describe, machine, results_dir, write  # noqa: E402
 
 import parlab  # noqa: E402
-from _common import describe, machine, results_dir, write  # noqa: E402
 
 PUBLISHED = {"hardware": "2x TITAN RTX 24 GB, NVLink NV2; pytorch 1.8, cuda 11.0, transformers 4.3",
              "seconds": {"DP": 110.59, "DDP": 101.90, "DDP, NCCL_P2P_DISABLE=1": 131.44}}

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 import parlab
+from parlab.launch import preload
 from parlab.models import regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
 from parlab.parallel import DDPBuckets, DDPNaive, DDPOverlap
 
@@ -126,18 +127,11 @@ def refs():
     return {(t, a): reference(t, a) for t in TASKS for a in (1, ACCUM)}
 
 
-# Modules every rank would otherwise import afresh after each fork: DistributedDataParallel imports
-# torch._dynamo (~7 s on a 2-core machine) and the GPT-2 code loads lazily (~5 s). The launcher's zygote
-# preloads only "transformers"; until it takes a list (asked for in issue 4), warm it here.
-HEAVY = ("torch._dynamo", "transformers.models.gpt2.modeling_gpt2")
-
-
 @pytest.fixture(scope="module")
 def warm_ranks():
-    from parlab.launch import launcher
-
-    with launcher._zygote_lock:
-        launcher._zygote_with(HEAVY)
+    # Modules every rank would otherwise import afresh after each fork: DistributedDataParallel imports
+    # torch._dynamo (~7 s on a 2-core machine) and the GPT-2 code loads lazily (~5 s).
+    preload("torch._dynamo", "transformers.models.gpt2.modeling_gpt2")
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")

@@ -8,6 +8,7 @@ import torch
 from torch.testing import assert_close
 
 import parlab
+from parlab.launch import preload
 from parlab.models import tiny_gpt2, token_batch
 from parlab.parallel.dp import train_like_dataparallel
 
@@ -21,10 +22,7 @@ def _batches(n):
 @pytest.fixture(scope="module")
 def warm_ranks():
     # As in test_ddp.py: have the zygote import the GPT-2 code once instead of every rank (~5 s each).
-    from parlab.launch import launcher
-
-    with launcher._zygote_lock:
-        launcher._zygote_with(("transformers.models.gpt2.modeling_gpt2",))
+    preload("transformers.models.gpt2.modeling_gpt2")
 
 
 def _played():

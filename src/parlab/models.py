@@ -46,6 +46,31 @@ def tiny_mlp(seed: int = 0, **sizes) -> TinyMLP:
         return TinyMLP(**sizes)
 
 
+class ResidualBlock(nn.Module):
+    """x + down(relu(up(x))): (batch, hidden) -> (batch, 4 hidden) -> (batch, hidden).
+
+    The unit the model-parallel strategies cut: tensor parallelism splits ``up`` by columns and ``down`` by
+    rows (one all-reduce per block), pipeline parallelism gives each stage a run of blocks.
+    """
+
+    def __init__(self, hidden: int = 16):
+        super().__init__()
+        _positive_int("hidden", hidden, "a layer width")
+        self.up = nn.Linear(hidden, 4 * hidden)
+        self.down = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def tiny_blocks(num_blocks: int = 4, hidden: int = 16, seed: int = 0) -> nn.Sequential:
+    """A stack of :class:`ResidualBlock` whose initial parameters depend only on ``seed``."""
+    _positive_int("num_blocks", num_blocks, "blocks in the stack")
+    with torch.random.fork_rng(devices=[]):  # CPU generator only: no CUDA context
+        torch.manual_seed(seed)
+        return nn.Sequential(*[ResidualBlock(hidden) for _ in range(num_blocks)])
+
+
 def regression_batch(batch_size: int, d_in: int = 16, d_out: int = 8, seed: int = 0):
     """Inputs (batch_size, d_in) and targets (batch_size, d_out) for a fixed random linear map plus noise.
 

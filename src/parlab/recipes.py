@@ -2,7 +2,7 @@
 
 Each ``train_*`` function is what every rank runs: in a notebook through ``parlab.launch(train_ddp, 4)``,
 on a cluster through ``torchrun ... examples/ddp.py``, which calls the very same function. It trains a
-small residual MLP on a synthetic regression task and returns the loss of each step over the global
+small residual MLP (``parlab.models.tiny_blocks``) on a synthetic regression task and returns the loss of each step over the global
 batch, identical on every rank, so that runs can be compared across strategies and launchers:
 :func:`train_single` is the one-process reference they all must match.
 
@@ -29,41 +29,21 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parlab import runtime
+from parlab.models import regression_batch, shard, tiny_blocks
 
 HIDDEN = 16
 NUM_BLOCKS = 4
 LR = 0.05
 
 
-class Block(nn.Module):
-    """x + down(relu(up(x))): ``up`` splits by columns and ``down`` by rows under tensor parallelism."""
-
-    def __init__(self, hidden: int = HIDDEN):
-        super().__init__()
-        self.up = nn.Linear(hidden, 4 * hidden)
-        self.down = nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x):  # (batch, hidden) -> (batch, 4 hidden) -> (batch, hidden)
-        return x + self.down(torch.relu(self.up(x)))
-
-
-def make_model(num_blocks: int = NUM_BLOCKS, seed: int = 0) -> nn.Sequential:
+def make_model(seed: int = 0) -> nn.Sequential:
     """The same initial weights on every rank and in the reference, from ``seed``."""
-    torch.manual_seed(seed)
-    return nn.Sequential(*[Block() for _ in range(num_blocks)])
+    return tiny_blocks(NUM_BLOCKS, HIDDEN, seed)
 
 
 def make_batch(step: int, global_batch: int, seed: int = 0):
     """The global batch of ``step``: the same on every rank, regardless of launcher or strategy."""
-    g = torch.Generator().manual_seed(seed * 100_003 + step)
-    x = torch.randn(global_batch, HIDDEN, generator=g)  # (global_batch, hidden)
-    return x, torch.sin(2 * x)
-
-
-def _shard(t: torch.Tensor, index: int, count: int) -> torch.Tensor:
-    if t.shape[0] % count:
-        raise ValueError(f"global_batch={t.shape[0]} must be divisible by the {count} data-parallel ranks")
-    return t.chunk(count)[index]
+    return regression_batch(global_batch, HIDDEN, HIDDEN, seed=seed * 100_003 + step)
 
 
 def _mean_over_ranks(loss: torch.Tensor, group=None, size: int | None = None) -> float:
@@ -92,7 +72,7 @@ def _data_parallel_loop(model, steps, global_batch, seed, dp_rank, dp_size) -> l
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(steps):
-        x, y = (_shard(t, dp_rank, dp_size).to(device) for t in make_batch(step, global_batch, seed))
+        x, y = (t.to(device) for t in shard(make_batch(step, global_batch, seed), dp_rank, dp_size))
         loss = F.mse_loss(model(x), y)  # mean over this rank's shard; gradients are averaged over ranks
         opt.zero_grad()
         loss.backward()
@@ -141,7 +121,7 @@ def train_pp(steps: int = 5, global_batch: int = 16, seed: int = 0, num_micro_ba
         raise ValueError(f"train_pp splits {NUM_BLOCKS} blocks into equal stages: world_size must divide "
                          f"{NUM_BLOCKS}; got {n}")
     per_stage = NUM_BLOCKS // n
-    stage_module = make_model(seed=seed)[rank * per_stage:(rank + 1) * per_stage].to(device)
+    stage_module = make_model(seed)[rank * per_stage:(rank + 1) * per_stage].to(device)
     stage = PipelineStage(stage_module, rank, n, device)
     schedule = ScheduleGPipe(stage, num_micro_batches, loss_fn=F.mse_loss)
     opt = torch.optim.SGD(stage_module.parameters(), lr=LR)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,8 +22,9 @@ import tempfile
 import textwrap
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import describe, machine, results_dir, write  # noqa: E402
 
 PARLAB = textwrap.dedent("""
     import sys, time, json
@@ -99,7 +99,6 @@ def _torchrun(n: int, repeats: int, script: str) -> list[float]:
 
 
 def measure(world_sizes=(2, 4), repeats: int = 5) -> dict:
-    import torch
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,14 +122,13 @@ def measure(world_sizes=(2, 4), repeats: int = 5) -> dict:
             print(json.dumps(row))
     return {
         "benchmark": "launch latency, N ranks + one all_reduce (gloo, CPU)",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "torch": torch.__version__, "backend": "gloo", "device": "cpu"},
+        "machine": machine("gloo"),
         "repeats": repeats,
         "rows": rows,
     }
 
 
-def plot(result: dict, path: str) -> None:
+def plot(result: dict):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,11 +145,10 @@ def plot(result: dict, path: str) -> None:
     ax.set_xticks([k + width * (len(result["rows"]) - 1) / 2 for k in range(len(keys))], labels)
     ax.set_yscale("log")
     ax.set_ylabel("seconds per launch (log scale)")
-    m = result["machine"]
-    ax.set_title(f"Launch + one all_reduce · gloo on CPU · {m['cpus']} cores · torch {m['torch']}", fontsize=10)
+    ax.set_title(f"Launch + one all_reduce · {describe(result['machine'])}", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def markdown(result: dict) -> str:
@@ -169,14 +166,12 @@ def main() -> None:
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
     result = measure(tuple(args.world_sizes), args.repeats)
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "launch.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    plot(result, os.path.join(RESULTS, "launch.png"))
-    with open(os.path.join(RESULTS, "launch.md"), "w") as f:
+    out = results_dir()
+    write(out, "launch", result, plot(result))
+    with open(os.path.join(out, "launch.md"), "w") as f:
         f.write(markdown(result))
     print(markdown(result))
-    print(f"wrote {RESULTS}/launch.json, launch.png and launch.md")
+    print(f"wrote {out}/launch.json, launch.png and launch.md")
 
 
 if __name__ == "__main__":

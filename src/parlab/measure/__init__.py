@@ -14,6 +14,12 @@ from parlab.measure.memory import (
     measure_activations,
     measure_memory,
 )
+from parlab.measure.comm import CommLog, CommRecord, algbw, bus_factor, busbw, comm_table, ddp_recorder, \
+    record_comm, totals
+from parlab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, sweep
+from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
 
-__all__ = ["ZERO_PAPER_TABLE1", "MemoryEstimate", "MemoryMeasurement", "activation_bytes_per_layer", "count_params",
+__all__ = ["CommLog", "CommRecord", "algbw", "bus_factor", "busbw", "comm_table", "ddp_recorder",
+           "record_comm", "totals", "BandwidthPoint", "fit_alpha_beta", "sweep", "Event", "Timeline",
+           "idle_gaps", "merge", "ZERO_PAPER_TABLE1", "MemoryEstimate", "MemoryMeasurement", "activation_bytes_per_layer", "count_params",
            "estimate_memory", "measure_activations", "measure_memory"]

@@ -89,10 +89,11 @@ def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, t
     for rank, r in enumerate(results):
         problem = first_difference(r["got"], r["expected"], atol, rtol)
         if problem:
+            got = r["got"].tolist() if hasattr(r["got"], "tolist") else r["got"]
             raise ExerciseFailed(f"{_name(fn)} on rank {rank} of {world_size}: {problem}.\n"
                                  f"  input on rank {rank}: {r['input'].tolist()}\n"
-                                 f"  expected:           {r['expected'].tolist()}\n"
-                                 f"  got:                {r['got'].tolist() if hasattr(r['got'], 'tolist') else r['got']}")
+                                 f"  expected{' ' * (len(str(rank)) + 6)}: {r['expected'].tolist()}\n"
+                                 f"  got{' ' * (len(str(rank)) + 11)}: {got}")
     return results
 
 

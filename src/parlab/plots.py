@@ -63,28 +63,36 @@ def _as_list(t):
 
 
 def memory_bars(breakdowns: dict, title: str = "", unit: float = 1e9, unit_name: str = "GB",
-                limit: float | None = None, limit_label: str = "GPU memory"):
+                limit: float | None = None, limit_label: str = "GPU memory", ymax: float | None = None):
     """Stacked bars, one per label: ``breakdowns = {label: {"params": bytes, "grads": …}}`` (or objects
-    with ``as_dict()``). ``limit``: bytes, drawn as a dashed line (a GPU's memory)."""
+    with ``as_dict()``). ``limit``: bytes, drawn as a dashed line (a GPU's memory). ``ymax``: bytes; taller
+    bars are cut there and marked with their total and an arrow, so that small bars stay readable."""
     labels = list(breakdowns)
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(labels) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(labels) + 2), 4.2))
     bottom = np.zeros(len(labels))
     for part, color in MEMORY_COLORS.items():
         heights = np.array([_get(breakdowns[k], part) / unit for k in labels])
         if heights.any():
             ax.bar(labels, heights, bottom=bottom, color=color, label=part)
             bottom += heights
+    top = (ymax / unit) if ymax else max(bottom.max(), (limit or 0) / unit) * 1.15 or 1
     for x, total in enumerate(bottom):
-        ax.text(x, total, f"{total:.3g}", ha="center", va="bottom", fontsize=9)
+        text = f"{total:,.0f}" if total >= 100 else f"{total:.3g}"
+        if total > top:
+            ax.text(x, top * 0.97, f"{text} ↑", ha="center", va="top", fontsize=9, color="white",
+                    fontweight="bold")
+        else:
+            ax.text(x, total, text, ha="center", va="bottom", fontsize=9)
     if limit:
         ax.axhline(limit / unit, color="black", linestyle="--", linewidth=1)
-        ax.text(len(labels) - 0.5, limit / unit, f" {limit_label}", va="bottom", ha="right", fontsize=9)
+        ax.text(-0.45, limit / unit, f"{limit_label}", va="bottom", ha="left", fontsize=9,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1))
     ax.set_ylabel(f"{unit_name} per rank")
-    ax.set_ylim(0, max(bottom.max(), (limit or 0) / unit) * 1.15 or 1)
+    ax.set_ylim(0, top * (1.0 if ymax else 1.0))
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(title)
     if len(labels) > 4:
-        ax.tick_params(axis="x", labelrotation=20)
+        plt.setp(ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor")
     fig.tight_layout()
     return fig
 

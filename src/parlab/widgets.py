@@ -22,7 +22,8 @@ def show_advice(**kwargs):
     print(advice)
     fig = plots.memory_bars(advice.memory, title="memory per GPU, by layout (model states"
                             + (" + activations)" if kwargs.get("micro_batch") else ")"),
-                            limit=advice.gpu_memory, limit_label=f"{advice.gpu_memory / 1e9:g} GB GPU")
+                            limit=advice.gpu_memory, limit_label=f"{advice.gpu_memory / 1e9:g} GB GPU",
+                            ymax=4 * advice.gpu_memory)
     # display, then close: inside a widget's output area the figure must not also linger in pyplot's
     # list of open figures, or the inline backend draws it a second time below the cell
     from IPython.display import display

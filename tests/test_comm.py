@@ -125,3 +125,19 @@ def test_comm_table_lists_each_rank():
     from parlab.measure import CommRecord
     table = comm_table([[CommRecord(op, b, n, 0.001, 0.0) for op, b, n in res] for res in results])
     assert "   1  recv" in table and "   0  send" in table
+
+
+def _dtensor():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    sharded = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])  # each rank: (8 / n,)
+    with record_comm() as log:
+        full = sharded.full_tensor()                                    # (8,) on every rank
+    return [(r.op, r.bytes, r.group_size) for r in log.records], full
+
+
+def test_dtensor_functional_collectives_are_seen():
+    for records, full in parlab.launch(_dtensor, world_size=2, timeout=20, output="none", announce=False):
+        assert records == [("all_gather", 32, 2)]  # the gathered size, as for dist.all_gather
+        torch.testing.assert_close(full, torch.arange(8.0))

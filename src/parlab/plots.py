@@ -102,17 +102,24 @@ def _get(breakdown, part):
     return d.get(part, 0) or 0
 
 
+# Within a rank's row, compute runs in the upper lane and communication in the lower one, so that an
+# all-reduce overlapping the backward pass (DDP, chapter 03) shows as two bars side by side, not one
+# hiding the other. Idle time spans the whole row.
+LANES = {"compute": (-0.19, 0.36), "comm": (0.19, 0.36), "idle": (0.0, 0.74)}
+
+
 def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06):
-    """One row per rank, one bar per event, coloured by kind; names shown on bars wide enough
-    (``label_min``: share of the whole span)."""
+    """One row per rank (compute above, communication below), one bar per event, coloured by kind;
+    names shown on bars wide enough (``label_min``: share of the whole span)."""
     events = list(events)
     ranks = sorted({e.rank for e in events})
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(ranks) + 1.4))
+    fig, ax = plt.subplots(figsize=(9, 0.75 * len(ranks) + 1.4))
     t0 = min(e.start for e in events)
     span = max(e.end for e in events) - t0 or 1
-    for e in events:
-        y = ranks.index(e.rank)
-        ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=0.7,
+    for e in sorted(events, key=lambda e: e.kind != "idle"):  # idle first, underneath
+        offset, height = LANES.get(e.kind, (0.0, 0.74))
+        y = ranks.index(e.rank) + offset
+        ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=height,
                 color=KIND_COLORS.get(e.kind, "grey"), edgecolor="white", linewidth=0.5)
         if e.seconds / span > label_min and e.kind != "idle":
             ax.text((e.start - t0 + e.seconds / 2) / unit, y, e.name, ha="center", va="center",

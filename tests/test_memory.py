@@ -145,3 +145,33 @@ def test_real_size_configs_on_meta_device():
 def test_bad_input_names_the_argument(kwargs, word):
     with pytest.raises(ValueError, match=word.replace("(", r"\(")):
         estimate_memory(**kwargs)
+
+
+def _zero3_rank():
+    # FSDP2 (ZeRO-3): weights, gradients and Adam state are all DTensor shards on each rank
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    est = estimate_memory(model, optimizer="adam", world_size=parlab.world_size(), zero_stage=3)
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    return measure_memory(model, opt).as_dict(), est.as_dict()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])  # 3: shards are uneven, FSDP2 pads them
+def test_zero3_fsdp2_measured_per_rank(world_size):
+    results = parlab.launch(_zero3_rank, world_size=world_size, timeout=60, output="none", announce=False)
+    for got, est in results:
+        # weights and gradients live in padded storage: every rank holds ceil(numel / n) per parameter
+        assert got["params"] == pytest.approx(est["params"], rel=0.05)
+        assert got["grads"] == pytest.approx(est["grads"], rel=0.05)
+    if world_size == 2:
+        assert all(got["optimizer"] == pytest.approx(est["optimizer"], rel=0.05) for got, est in results)
+    # Adam's state follows the unpadded shard, so with uneven shards the last rank holds less (6% here);
+    # summed over ranks it is one full copy, plus each rank's step counters (16 tensors x 4 bytes)
+    full = 2 * 4 * 8 * (64 * 64 + 64)
+    assert sum(got["optimizer"] for got, _ in results) == full + world_size * 16 * 4

@@ -68,7 +68,7 @@ def memory_bars(breakdowns: dict, title: str = "", unit: float = 1e9, unit_name:
     with ``as_dict()``). ``limit``: bytes, drawn as a dashed line (a GPU's memory). ``ymax``: bytes; taller
     bars are cut there and marked with their total and an arrow, so that small bars stay readable."""
     labels = list(breakdowns)
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(labels) + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(min(13, max(4.5, 1.0 * len(labels) + 2.5)), 4.2))
     bottom = np.zeros(len(labels))
     for part, color in MEMORY_COLORS.items():
         heights = np.array([_get(breakdowns[k], part) / unit for k in labels])

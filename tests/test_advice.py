@@ -66,8 +66,9 @@ def test_bad_input(kwargs, word):
 
 def test_widget_builds_headless():
     pytest.importorskip("ipywidgets")
-    from parlab.widgets import strategy_tool
     import matplotlib
+
+    from parlab.widgets import strategy_tool
     matplotlib.use("Agg")
     box = strategy_tool()
     assert len(box.children) == 5

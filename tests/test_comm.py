@@ -5,7 +5,16 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.measure import bus_factor, busbw, comm_table, ddp_recorder, fit_alpha_beta, record_comm, sweep, totals
+from parlab.measure import (
+    bus_factor,
+    busbw,
+    comm_table,
+    ddp_recorder,
+    fit_alpha_beta,
+    record_comm,
+    sweep,
+    totals,
+)
 
 
 def _every_op():
@@ -52,6 +61,7 @@ def test_group_size_of_a_subgroup():
 
 def _ddp_step():
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     from parlab.measure import CommLog
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params

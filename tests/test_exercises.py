@@ -4,8 +4,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parlab.exercises import ExerciseFailed, check_ranks, check_ring_all_reduce, check_zero_memory, \
-    first_difference
+from parlab.exercises import (
+    ExerciseFailed,
+    check_ranks,
+    check_ring_all_reduce,
+    check_zero_memory,
+    first_difference,
+)
 from parlab.ring import ring_all_reduce, ring_reduce_scatter
 
 

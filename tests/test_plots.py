@@ -4,11 +4,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import torch  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+import torch
+from matplotlib.patches import Rectangle
 
-from parlab import plots  # noqa: E402
-from parlab.measure import BandwidthPoint, Event, estimate_memory  # noqa: E402
+from parlab import plots
+from parlab.measure import BandwidthPoint, Event, estimate_memory
 
 
 def test_rank_tensors_one_cell_per_element():

@@ -22,7 +22,7 @@ def _late_rank0():
 
 def test_a_wait_on_one_rank_lines_up_with_work_on_another():
     events = merge(parlab.launch(_late_rank0, world_size=2, timeout=20, output="none", announce=False))
-    fwd0, comm0, fwd1, comm1 = events  # sorted by rank, then start
+    fwd0, _, fwd1, comm1 = events  # sorted by rank, then start
     assert (fwd0.rank, fwd0.name, comm1.rank, comm1.kind) == (0, "forward", 1, "comm")
     assert fwd0.seconds >= 0.2 and fwd1.seconds < 0.1
     # on the common clock rank 1's all-reduce starts before rank 0 has finished computing, and ends after

@@ -50,7 +50,7 @@ def _presets():
 PRESET_NAMES = ("GPT-2 XL (1.5B)", "Llama 2 7B", "Llama 2 13B", "Llama 2 70B", "BLOOM 176B")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def preset(name: str):
     """The transformers config of a :data:`PRESET_NAMES` entry."""
     presets = _presets()
@@ -64,7 +64,7 @@ def _shape(config) -> tuple[int, int]:
     return _shape_of_json(config.to_json_string())
 
 
-@functools.lru_cache(maxsize=None)  # a widget asks again at every slider move; configs are not hashable
+@functools.cache  # a widget asks again at every slider move; configs are not hashable
 def _shape_of_json(config_json: str) -> tuple[int, int]:
     import json
 

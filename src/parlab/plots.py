@@ -88,7 +88,7 @@ def memory_bars(breakdowns: dict, title: str = "", unit: float = 1e9, unit_name:
         ax.text(-0.45, limit / unit, f"{limit_label}", va="bottom", ha="left", fontsize=9,
                 bbox=dict(facecolor="white", edgecolor="none", pad=1))
     ax.set_ylabel(f"{unit_name} per rank")
-    ax.set_ylim(0, top * (1.0 if ymax else 1.0))
+    ax.set_ylim(0, top)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(title)
     if len(labels) > 4:

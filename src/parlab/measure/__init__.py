@@ -26,6 +26,18 @@ A DDP step, recorded for chapter 03 (runs on each rank inside ``parlab.launch``)
     return {"events": tl.events, "records": log.records}
 """
 
+from parlab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, sweep
+from parlab.measure.comm import (
+    CommLog,
+    CommRecord,
+    algbw,
+    bus_factor,
+    busbw,
+    comm_table,
+    ddp_recorder,
+    record_comm,
+    totals,
+)
 from parlab.measure.memory import (
     ZERO_PAPER_TABLE1,
     MemoryEstimate,
@@ -36,12 +48,31 @@ from parlab.measure.memory import (
     measure_activations,
     measure_memory,
 )
-from parlab.measure.comm import CommLog, CommRecord, algbw, bus_factor, busbw, comm_table, ddp_recorder, \
-    record_comm, totals
-from parlab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, sweep
 from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
 
-__all__ = ["CommLog", "CommRecord", "algbw", "bus_factor", "busbw", "comm_table", "ddp_recorder",
-           "record_comm", "totals", "BandwidthPoint", "fit_alpha_beta", "sweep", "Event", "Timeline",
-           "idle_gaps", "merge", "ZERO_PAPER_TABLE1", "MemoryEstimate", "MemoryMeasurement", "activation_bytes_per_layer", "count_params",
-           "estimate_memory", "measure_activations", "measure_memory"]
+__all__ = [
+    "ZERO_PAPER_TABLE1",
+    "BandwidthPoint",
+    "CommLog",
+    "CommRecord",
+    "Event",
+    "MemoryEstimate",
+    "MemoryMeasurement",
+    "Timeline",
+    "activation_bytes_per_layer",
+    "algbw",
+    "bus_factor",
+    "busbw",
+    "comm_table",
+    "count_params",
+    "ddp_recorder",
+    "estimate_memory",
+    "fit_alpha_beta",
+    "idle_gaps",
+    "measure_activations",
+    "measure_memory",
+    "merge",
+    "record_comm",
+    "sweep",
+    "totals",
+]

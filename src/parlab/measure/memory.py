@@ -75,13 +75,14 @@ def _check_positive(name, value):
 
 
 def count_params(model) -> int:
-    """Ψ: trainable parameters of an ``nn.Module`` or a transformers config.
+    """Ψ: the parameters of an ``nn.Module`` or a transformers config (all of them: the estimator
+    assumes every weight is trained, as the ZeRO paper's analysis does).
 
     A config is built on the meta device, so no weights are allocated and nothing is downloaded; tied
     weights (GPT-2's embedding and output layer) count once, as ``Module.parameters()`` yields them once.
     """
     if isinstance(model, nn.Module):
-        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return sum(p.numel() for p in model.parameters())
     if hasattr(model, "to_dict") and hasattr(model, "model_type"):  # a transformers PretrainedConfig
         from transformers import AutoModelForCausalLM
 

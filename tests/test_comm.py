@@ -151,3 +151,23 @@ def test_dtensor_functional_collectives_are_seen():
     for records, full in parlab.launch(_dtensor, world_size=2, timeout=20, output="none", announce=False):
         assert records == [("all_gather", 32, 2)]  # the gathered size, as for dist.all_gather
         torch.testing.assert_close(full, torch.arange(8.0))
+
+
+def _course_ddp_step():
+    from parlab.measure import CommLog, Timeline
+    from parlab.parallel.ddp import DDPOverlap
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params
+    tl = Timeline()
+    log = CommLog(timeline=tl)
+    ddp = DDPOverlap(model, on_collective=log)
+    ddp(torch.randn(2, 16)).sum().backward()
+    ddp.sync_gradients()
+    return totals(log.records), [e.kind for e in tl.events]
+
+
+def test_course_ddp_reports_into_a_comm_log():
+    t, kinds = parlab.launch(_course_ddp_step, world_size=2, timeout=20, output="none", announce=False)[0]
+    assert t["broadcast"]["bytes"] == 676 * 4      # initial weights, once
+    assert t["all_reduce"]["bytes"] == 676 * 4     # every gradient, once per step
+    assert set(kinds) == {"comm"}

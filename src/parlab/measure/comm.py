@@ -14,6 +14,9 @@ Three ways in, for three kinds of code:
 ``ddp_recorder(log)``
     ``DistributedDataParallel`` launches its bucket all-reduces from C++, below the dispatcher; register
     this as its comm hook (``ddp.register_comm_hook(log, ddp_recorder)``) to record each bucket.
+``DDPOverlap(model, on_collective=log)``
+    The course's own DDP (``parlab.parallel.ddp``, chapter 03) reports each collective to a callback;
+    a :class:`CommLog` is one.
 ``CommLog.add(...)``
     For anything else, record by hand.
 
@@ -105,6 +108,14 @@ class CommLog:
         self.records.append(CommRecord(op, int(nbytes), group_size, seconds, start, rank))
         if self.timeline is not None:
             self.timeline.add(op, "comm", start, start + seconds)
+
+    def __call__(self, event) -> None:
+        """Take a report from the course's own DDP (``parlab.parallel.ddp``, chapter 03):
+        ``DDPOverlap(model, on_collective=log)``. Any object with ``op``, ``nbytes``, ``start`` and
+        ``end`` (``time.perf_counter()`` readings) will do; it may arrive on another thread, and a
+        ``list.append`` is atomic in CPython, so no lock is needed."""
+        size = getattr(event, "group_size", None) or (dist.get_world_size() if dist.is_initialized() else 1)
+        self.add(event.op, event.nbytes, size, event.end - event.start, event.start)
 
     def totals(self) -> dict[str, dict]:
         return totals(self.records)

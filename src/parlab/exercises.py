@@ -1,0 +1,159 @@
+"""Checks for the learner's exercises: run their function (on N ranks) beside a reference, and say
+exactly what differs — which rank, which element, expected against got (every chapter's Exercises).
+
+Each check returns a :class:`Passed` (its ``repr`` is the pass message, so a notebook cell shows it)
+or raises :class:`ExerciseFailed`, an ``AssertionError`` whose message names the first difference.
+
+- :func:`check_ranks`: the general form. ``fn(x)`` and ``reference(x)`` run on every rank of one
+  launch, each on its own clone of ``make_input(rank, world_size)``; a function that returns ``None``
+  is taken to have worked in place, like ``dist.all_reduce``.
+- :func:`check_ring_all_reduce`: chapter 02. Against ``dist.all_reduce``; also that only point-to-point
+  messages were used, and that each rank sent ``2(n−1)/n`` of the buffer.
+- :func:`check_function`: plain (single-process) functions over a list of cases; chapter 01.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import parlab
+
+
+class ExerciseFailed(AssertionError):
+    """The learner's answer differs from the reference; the message says where."""
+
+
+@dataclass(frozen=True)
+class Passed:
+    message: str
+
+    def __repr__(self) -> str:
+        return f"✅ {self.message}"
+
+
+def first_difference(got, expected, atol=1e-5, rtol=1e-5) -> str | None:
+    """``None`` if equal within tolerance, else a sentence naming the first differing element."""
+    if not isinstance(got, torch.Tensor):
+        return f"expected a tensor of shape {tuple(expected.shape)}, got {type(got).__name__}: {got!r:.80}"
+    if got.shape != expected.shape:
+        return f"expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
+    if got.dtype != expected.dtype:
+        return f"expected dtype {expected.dtype}, got {got.dtype}"
+    close = torch.isclose(got, expected, atol=atol, rtol=rtol)
+    if bool(close.all()):
+        return None
+    bad = (~close).nonzero()
+    index = tuple(int(i) for i in bad[0])
+    where = index[0] if len(index) == 1 else index
+    return (f"element {where}: expected {expected[index].item():g}, got {got[index].item():g} "
+            f"({len(bad)} of {expected.numel()} elements differ)")
+
+
+def _run_pair(fn, reference, make_input, record):
+    from parlab.measure import record_comm
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = make_input(rank, n)
+    mine = x.clone()
+    with record_comm() as log:
+        out = fn(mine)
+    got = mine if out is None else out
+    theirs = x.clone()
+    ref_out = reference(theirs)
+    expected = theirs if ref_out is None else ref_out
+    got = got.detach().cpu() if isinstance(got, torch.Tensor) else got
+    return {"input": x, "got": got, "expected": expected.detach().cpu(),
+            "records": log.records if record else []}
+
+
+def _default_input(rank, world_size):
+    # distinct per rank and per element, so a wrong sum or a misplaced chunk shows up
+    return torch.arange(3 * world_size, dtype=torch.float32) + 100 * rank
+
+
+def _name(fn):
+    return getattr(fn, "__name__", repr(fn))
+
+
+def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, timeout: float = 30,
+                atol: float = 1e-5, rtol: float = 1e-5, _record: bool = False):
+    """Run ``fn`` and ``reference`` on ``world_size`` ranks; pass if every rank's result matches."""
+    if not callable(fn):
+        raise TypeError(f"fn={fn!r} must be the function you wrote (a callable taking one tensor)")
+    results = parlab.launch(_run_pair, world_size=world_size, args=(fn, reference, make_input, _record),
+                            timeout=timeout, output="all", announce=False)
+    for rank, r in enumerate(results):
+        problem = first_difference(r["got"], r["expected"], atol, rtol)
+        if problem:
+            got = r["got"].tolist() if hasattr(r["got"], "tolist") else r["got"]
+            raise ExerciseFailed(f"{_name(fn)} on rank {rank} of {world_size}: {problem}.\n"
+                                 f"  input on rank {rank}: {r['input'].tolist()}\n"
+                                 f"  expected{' ' * (len(str(rank)) + 6)}: {r['expected'].tolist()}\n"
+                                 f"  got{' ' * (len(str(rank)) + 11)}: {got}")
+    return results
+
+
+def check_ring_all_reduce(fn, world_size: int = 4, numel: int | None = None, timeout: float = 30) -> Passed:
+    """Chapter 02's exercise: ``fn(tensor)`` must sum ``tensor`` over all ranks like ``dist.all_reduce``,
+    using only send/recv (isend/irecv), sending ``2(n−1)/n`` of the buffer per rank."""
+    numel = numel or 3 * world_size
+
+    def make_input(rank, n):
+        return torch.arange(numel, dtype=torch.float32) + 100 * rank
+
+    results = check_ranks(fn, _all_reduce, world_size, make_input, timeout, _record=True)
+    buffer = numel * 4
+    expected_bytes = 2 * (world_size - 1) / world_size * buffer
+    sent = []
+    for rank, r in enumerate(results):
+        others = sorted({rec.op for rec in r["records"]} - {"send", "recv"})
+        if others:
+            raise ExerciseFailed(f"{_name(fn)} on rank {rank} called {', '.join(others)}: the exercise is to "
+                                 f"build all-reduce from point-to-point messages (send/recv, isend/irecv)")
+        sent.append(sum(rec.bytes for rec in r["records"] if rec.op == "send"))
+    mean_sent = sum(sent) / world_size
+    # chunks may differ by one element when numel % n != 0, so compare the mean over ranks
+    if not math.isclose(mean_sent, expected_bytes, rel_tol=0.01):
+        raise ExerciseFailed(f"{_name(fn)} gives the right sums but ranks sent {sent} bytes "
+                             f"(mean {mean_sent:g}); a ring sends 2(n−1)/n × {buffer} = {expected_bytes:g} "
+                             f"bytes per rank")
+    return Passed(f"{_name(fn)} matches dist.all_reduce on {world_size} ranks; each rank sent "
+                  f"{mean_sent:g} bytes = 2(n−1)/n × {buffer}-byte buffer")
+
+
+def _all_reduce(t):
+    dist.all_reduce(t)
+
+
+def check_function(fn, reference, cases, rel: float = 0.01) -> Passed:
+    """Compare ``fn(**case)`` with ``reference(**case)`` (numbers) for each dict in ``cases``."""
+    if not callable(fn):
+        raise TypeError(f"fn={fn!r} must be the function you wrote")
+    for case in cases:
+        expected, got = reference(**case), fn(**case)
+        if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=rel):
+            args = ", ".join(f"{k}={v!r}" for k, v in case.items())
+            raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected:.4g}, got {got!r:.12}")
+    return Passed(f"{_name(fn)} agrees with the reference on all {len(cases)} cases")
+
+
+def _zero_reference(num_params, n_d, stage, k=12):
+    from parlab.measure import estimate_memory
+
+    optimizer = {12: "adam", 8: "momentum", 4: "sgd"}[k]  # K = fp32 master (4) + optimizer state
+    return estimate_memory(num_params=int(num_params), precision="bf16", optimizer=optimizer,
+                           world_size=n_d, zero_stage=stage).total / 1e9
+
+
+def check_zero_memory(fn) -> Passed:
+    """Chapter 01's exercise: ``fn(num_params, n_d, stage, k=12)`` → GB of model states per GPU under
+    ZeRO stage 0–3 with mixed precision (2 + 2 + K bytes per parameter), checked over the ZeRO paper's
+    grid (Rajbhandari et al. 2020, Table 1) and K = 4, 8."""
+    cases = [dict(num_params=psi, n_d=nd, stage=s) for psi in (7.5e9, 128e9) for nd in (1, 4, 64)
+             for s in range(4)]
+    cases += [dict(num_params=7.5e9, n_d=16, stage=s, k=k) for s in range(4) for k in (4, 8)]
+    return check_function(fn, _zero_reference, cases)

@@ -1,0 +1,100 @@
+"""Bandwidth against message size, and the α-β cost model fitted to it (chapter 02).
+
+:func:`sweep` runs one collective at growing sizes on every rank (call it inside ``parlab.launch``) and
+returns, per size, the slowest rank's median time, the algorithm bandwidth and the bus bandwidth, by the
+nccl-tests convention (see :mod:`parlab.measure.comm`). :func:`fit_alpha_beta` fits the classic
+latency-bandwidth model ``T(m) = α + m·β`` (α: fixed cost per call, β: seconds per byte) to it by least
+squares, weighting each point by 1/T so that small messages, where α rules, count as much as large
+ones (Hockney 1994; Thakur, Rabenseifner & Gropp 2005 give the per-algorithm forms).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from parlab.measure.comm import algbw, bus_factor
+
+# PyTorch 2.13 renamed the tensor forms (the old names warn); older releases have only the old ones.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+
+
+@dataclass(frozen=True)
+class BandwidthPoint:
+    bytes: int
+    seconds: float
+    algbw: float  # bytes/s
+    busbw: float  # bytes/s
+
+
+def _runner(op: str, nbytes: int, n: int, device, group=None):
+    numel = max(n, nbytes // 4 // n * n)  # float32 elements, divisible by the group size
+    x = torch.ones(numel, device=device)
+    out = torch.empty(numel, device=device)
+    shard = torch.empty(numel // n, device=device)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(x, group=group),
+        "all_gather": lambda: _all_gather(out, x[: numel // n], group=group),
+        "reduce_scatter": lambda: _reduce_scatter(shard, x, group=group),
+        "broadcast": lambda: dist.broadcast(x, dist.get_global_rank(group, 0) if group else 0, group=group),
+        "all_to_all": lambda: dist.all_to_all_single(out, x, group=group),
+    }
+    return calls[op], numel * 4
+
+
+def sweep(op: str = "all_reduce", sizes=(2**10, 2**14, 2**18, 2**20), iters: int = 5, warmup: int = 2,
+          device=None, group=None) -> list[BandwidthPoint]:
+    """Time ``op`` at each size in bytes (the nccl-tests size); run on every rank of a launch.
+
+    group: a process group (default: all ranks); every rank of the launch must call ``sweep``.
+    """
+    if op not in OPS:
+        raise ValueError(f"op={op!r} is not swept; choose one of {', '.join(OPS)}")
+    if iters < 1:
+        raise ValueError(f"iters={iters!r} must be at least 1")
+    n = dist.get_world_size(group)
+    if device is None:  # this rank's own GPU under NCCL (parlab.device() knows which), else the CPU
+        from parlab.runtime import device as rank_device
+
+        device = rank_device() if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    points = []
+    for size in sizes:
+        call, nbytes = _runner(op, int(size), n, device, group)
+        for _ in range(warmup):
+            call()
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        times = []
+        for _ in range(iters):
+            # Each call timed alone, from a common start: the median then shrugs off the calls that a
+            # busy machine's scheduler delayed (ranks sharing few CPU cores are often descheduled).
+            dist.barrier(group)
+            sync()
+            start = time.perf_counter()
+            call()
+            sync()
+            times.append(time.perf_counter() - start)
+        seconds = torch.tensor([sorted(times)[len(times) // 2]], device=device)
+        # a collective is as slow as its slowest rank
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=group)
+        t = seconds.item()
+        points.append(BandwidthPoint(nbytes, t, algbw(nbytes, t), algbw(nbytes, t) * bus_factor(op, n)))
+    return points
+
+
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    """Least-squares fit of ``T = α + β·m``; returns ``(alpha_seconds, beta_seconds_per_byte)``."""
+    m = np.asarray(sizes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if m.shape != t.shape or m.size < 2:
+        raise ValueError(f"sizes and seconds must be equally long with at least 2 points; got {m.size} "
+                         f"and {t.size}")
+    a = np.stack([np.ones_like(m), m], axis=1) / t[:, None]  # relative error: weight rows by 1/T
+    alpha, beta = np.linalg.lstsq(a, np.ones_like(t), rcond=None)[0]
+    return max(float(alpha), 0.0), max(float(beta), 0.0)

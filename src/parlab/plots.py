@@ -1,0 +1,166 @@
+"""The course's pictures: every sequence of numbers the chapters measure is drawn with one of these.
+
+- :func:`rank_tensors`   every rank's tensor before and after a collective (chapter 02)
+- :func:`memory_bars`    stacked bytes per component (params, grads, optimizer, activations) per bar
+                         (chapter 01; ZeRO stages in 04)
+- :func:`gantt`          per-rank timeline of compute / comm / idle events (chapters 02, 03, 06)
+- :func:`bandwidth`      time, algbw and busbw against message size, with an α-β fit (chapter 02)
+
+Each returns the matplotlib ``Figure``; end the notebook line with ``;`` so it is drawn once.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import Rectangle
+
+KIND_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#D9D9D9"}
+MEMORY_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B3"}
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.3g}"
+
+
+def rank_tensors(before, after, title: str = "", cmap: str = "viridis"):
+    """Two panels, ``before`` and ``after``: row r is rank r's tensor, one numbered cell per element.
+
+    before, after: lists indexed by rank of 1-D tensors (any lengths; ``None`` draws an empty row).
+    """
+    rows = [list(map(_as_list, before)), list(map(_as_list, after))]
+    values = [v for side in rows for row in side for v in row]
+    lo, hi = (min(values), max(values)) if values else (0, 1)
+    norm = plt.Normalize(lo, hi if hi > lo else lo + 1)
+    colors = plt.get_cmap(cmap)
+    widths = [max((len(r) for r in side), default=1) or 1 for side in rows]
+    n = len(before)
+    fig, axes = plt.subplots(1, 2, figsize=(2.4 + 0.55 * sum(widths), 0.5 * n + 1.2), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    for ax, side, label, width in zip(axes[0], rows, ("before", "after"), widths):
+        for r, row in enumerate(side):
+            for i, v in enumerate(row):
+                ax.add_patch(Rectangle((i, r), 0.95, 0.9, color=colors(norm(v))))
+                shade = "white" if norm(v) < 0.6 else "black"
+                ax.text(i + 0.475, r + 0.45, _fmt(v), ha="center", va="center", color=shade, fontsize=9)
+        ax.set_xlim(0, width)
+        ax.set_ylim(n, 0)
+        ax.set_yticks([r + 0.45 for r in range(n)], [f"rank {r}" for r in range(n)])
+        ax.set_xticks([])
+        ax.set_title(label)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _as_list(t):
+    if t is None:
+        return []
+    return [float(v) for v in (t.flatten().tolist() if hasattr(t, "flatten") else t)]
+
+
+def memory_bars(breakdowns: dict, title: str = "", unit: float = 1e9, unit_name: str = "GB",
+                limit: float | None = None, limit_label: str = "GPU memory", ymax: float | None = None):
+    """Stacked bars, one per label: ``breakdowns = {label: {"params": bytes, "grads": …}}`` (or objects
+    with ``as_dict()``). ``limit``: bytes, drawn as a dashed line (a GPU's memory). ``ymax``: bytes; taller
+    bars are cut there and marked with their total and an arrow, so that small bars stay readable."""
+    labels = list(breakdowns)
+    fig, ax = plt.subplots(figsize=(min(13, max(4.5, 1.0 * len(labels) + 2.5)), 4.2))
+    bottom = np.zeros(len(labels))
+    for part, color in MEMORY_COLORS.items():
+        heights = np.array([_get(breakdowns[k], part) / unit for k in labels])
+        if heights.any():
+            ax.bar(labels, heights, bottom=bottom, color=color, label=part)
+            bottom += heights
+    top = (ymax / unit) if ymax else max(bottom.max(), (limit or 0) / unit) * 1.15 or 1
+    for x, total in enumerate(bottom):
+        text = f"{total:,.0f}" if total >= 100 else f"{total:.3g}"
+        if total > top:
+            ax.text(x, top * 0.97, f"{text} ↑", ha="center", va="top", fontsize=9, color="white",
+                    fontweight="bold")
+        else:
+            ax.text(x, total, text, ha="center", va="bottom", fontsize=9)
+    if limit:
+        ax.axhline(limit / unit, color="black", linestyle="--", linewidth=1)
+        ax.text(-0.45, limit / unit, f"{limit_label}", va="bottom", ha="left", fontsize=9,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1))
+    ax.set_ylabel(f"{unit_name} per rank")
+    ax.set_ylim(0, top)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_title(title)
+    if len(labels) > 4:
+        plt.setp(ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor")
+    fig.tight_layout()
+    return fig
+
+
+def _get(breakdown, part):
+    d = breakdown.as_dict() if hasattr(breakdown, "as_dict") else breakdown
+    return d.get(part, 0) or 0
+
+
+# Within a rank's row, compute runs in the upper lane and communication in the lower one, so that an
+# all-reduce overlapping the backward pass (DDP, chapter 03) shows as two bars side by side, not one
+# hiding the other. Idle time spans the whole row.
+LANES = {"compute": (-0.19, 0.36), "comm": (0.19, 0.36), "idle": (0.0, 0.74)}
+
+
+def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06):
+    """One row per rank (compute above, communication below), one bar per event, coloured by kind;
+    names shown on bars wide enough (``label_min``: share of the whole span)."""
+    events = list(events)
+    ranks = sorted({e.rank for e in events})
+    fig, ax = plt.subplots(figsize=(9, 0.75 * len(ranks) + 1.4))
+    t0 = min(e.start for e in events)
+    span = max(e.end for e in events) - t0 or 1
+    for e in sorted(events, key=lambda e: e.kind != "idle"):  # idle first, underneath
+        offset, height = LANES.get(e.kind, (0.0, 0.74))
+        y = ranks.index(e.rank) + offset
+        ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=height,
+                color=KIND_COLORS.get(e.kind, "grey"), edgecolor="white", linewidth=0.5)
+        if e.seconds / span > label_min and e.kind != "idle":
+            ax.text((e.start - t0 + e.seconds / 2) / unit, y, e.name, ha="center", va="center",
+                    color="white", fontsize=8)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit_name})")
+    handles = [Rectangle((0, 0), 1, 1, color=c) for k, c in KIND_COLORS.items()]
+    ax.legend(handles, list(KIND_COLORS), loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def bandwidth(curves: dict, fit: dict | None = None, title: str = ""):
+    """Left: time against size (log-log) with the α-β fit; right: algbw and busbw against size.
+
+    curves: ``{label: [BandwidthPoint, …]}``. fit: ``{label: (alpha, beta)}`` from ``fit_alpha_beta``.
+    """
+    fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(11, 5))
+    for i, (label, points) in enumerate(curves.items()):
+        color = f"C{i}"
+        m = np.array([p.bytes for p in points], dtype=float)
+        ax_t.loglog(m, [p.seconds * 1e6 for p in points], "o", color=color, label=f"{label} measured")
+        if fit and label in fit:
+            alpha, beta = fit[label]
+            grid = np.geomspace(m.min(), m.max(), 100)
+            ax_t.loglog(grid, (alpha + beta * grid) * 1e6, "-", color=color,
+                        label=f"{label}: α = {alpha * 1e6:.0f} µs, 1/β = {1 / beta / 1e9:.2f} GB/s"
+                        if beta else f"{label}: α = {alpha * 1e6:.0f} µs")
+        ax_bw.semilogx(m, [p.algbw / 1e9 for p in points], "o--", color=color, label=f"{label} algbw")
+        ax_bw.semilogx(m, [p.busbw / 1e9 for p in points], "s-", color=color, label=f"{label} busbw")
+    ax_t.set_xlabel("message size (bytes)")
+    ax_t.set_ylabel("time per call (µs)")
+    ax_t.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
+    ax_t.set_title("time: α + m·β")
+    ax_bw.set_xlabel("message size (bytes)")
+    ax_bw.set_ylabel("GB/s")
+    ax_bw.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+    ax_bw.set_title("bandwidth (nccl-tests convention)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,173 @@
+"""Communication accounting: every collective recorded with the right op, bytes and group size."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import parlab
+from parlab.measure import (
+    bus_factor,
+    busbw,
+    comm_table,
+    ddp_recorder,
+    fit_alpha_beta,
+    record_comm,
+    sweep,
+    totals,
+)
+
+
+def _every_op():
+    n, r = dist.get_world_size(), dist.get_rank()
+    x = torch.ones(8)  # 32 bytes
+    with record_comm() as log:
+        dist.all_reduce(x)
+        dist.broadcast(x, 0)
+        dist.reduce(x, 0)
+        dist.all_gather_into_tensor(torch.empty(8 * n), x)
+        dist.all_gather([torch.empty(8) for _ in range(n)], x)
+        dist.reduce_scatter_tensor(torch.empty(8 // n), x)
+        dist.all_to_all_single(torch.empty(8), x)
+        if r == 0:
+            dist.send(x, 1)
+        elif r == 1:
+            dist.recv(x, 0)
+    return [(rec.op, rec.bytes, rec.group_size) for rec in log.records]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_records_every_op_with_nccl_tests_sizes(world_size):
+    results = parlab.launch(_every_op, world_size=world_size, timeout=20, output="none", announce=False)
+    n = world_size
+    common = [("all_reduce", 32, n), ("broadcast", 32, n), ("reduce", 32, n), ("all_gather", 32 * n, n),
+              ("all_gather", 32 * n, n), ("reduce_scatter", 32, n), ("all_to_all", 32, n)]
+    assert results[0] == common + [("send", 32, n)]
+    assert results[1] == common + [("recv", 32, n)]
+    assert all(res == common for res in results[2:])
+
+
+def _subgroup():
+    group = dist.new_group([0, 1])
+    with record_comm() as log:
+        if dist.get_rank() < 2:
+            dist.all_reduce(torch.ones(4), group=group)
+    return [(r.op, r.group_size) for r in log.records]
+
+
+def test_group_size_of_a_subgroup():
+    results = parlab.launch(_subgroup, world_size=3, timeout=20, output="none", announce=False)
+    assert results == [[("all_reduce", 2)], [("all_reduce", 2)], []]
+
+
+def _ddp_step():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from parlab.measure import CommLog
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params
+    ddp = DDP(model, bucket_cap_mb=1)
+    log = CommLog()
+    ddp.register_comm_hook(log, ddp_recorder)
+    ddp(torch.randn(2, 16)).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    return log.records, grads
+
+
+def test_ddp_hook_records_buckets_and_still_averages():
+    results = parlab.launch(_ddp_step, world_size=2, timeout=20, output="none", announce=False)
+    (records, g0), (_, g1) = results
+    assert sum(r.bytes for r in records) == 676 * 4  # every gradient went through a bucket once
+    assert {r.op for r in records} == {"all_reduce"}
+    torch.testing.assert_close(g0, g1)  # the hook still all-reduces: both ranks hold the same mean
+
+
+def _fsdp2_step():
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    with record_comm() as log:
+        model(torch.randn(2, 8)).sum().backward()
+    return totals(log.records)
+
+
+def test_fsdp2_collectives_are_seen():
+    t = parlab.launch(_fsdp2_step, world_size=2, timeout=20, output="none", announce=False)[0]
+    params = 2 * (8 * 8 + 8)
+    # forward gathers each layer's weights, backward gathers them again (freed after forward: ZeRO-3)
+    assert t["all_gather"]["bytes"] >= 2 * params * 4
+    assert t["reduce_scatter"]["bytes"] == params * 4  # each gradient reduced once
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
+    assert bus_factor("broadcast", 8) == 1.0
+    assert busbw("all_reduce", 1e9, 1.0, 2) == pytest.approx(1e9)
+    with pytest.raises(ValueError, match="op='gossip'"):
+        bus_factor("gossip", 4)
+
+
+def test_fit_alpha_beta_recovers_a_known_line():
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    alpha, beta = 50e-6, 1 / 5e9
+    a, b = fit_alpha_beta(sizes, [alpha + beta * m for m in sizes])
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+
+
+def _sweep():
+    return sweep("all_reduce", sizes=(1024, 65536), iters=2, warmup=1)
+
+
+def test_sweep_reports_consistent_bandwidths():
+    points = parlab.launch(_sweep, world_size=2, timeout=20, output="none", announce=False)[0]
+    assert [p.bytes for p in points] == [1024, 65536]
+    for p in points:
+        assert p.algbw == pytest.approx(p.bytes / p.seconds)
+        assert p.busbw == pytest.approx(p.algbw * 1.0)  # 2(n-1)/n = 1 for n = 2
+
+
+def test_comm_table_lists_each_rank():
+    results = parlab.launch(_every_op, world_size=2, timeout=20, output="none", announce=False)
+    from parlab.measure import CommRecord
+    table = comm_table([[CommRecord(op, b, n, 0.001, 0.0) for op, b, n in res] for res in results])
+    assert "   1  recv" in table and "   0  send" in table
+
+
+def _dtensor():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    sharded = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])  # each rank: (8 / n,)
+    with record_comm() as log:
+        full = sharded.full_tensor()                                    # (8,) on every rank
+    return [(r.op, r.bytes, r.group_size) for r in log.records], full
+
+
+def test_dtensor_functional_collectives_are_seen():
+    for records, full in parlab.launch(_dtensor, world_size=2, timeout=20, output="none", announce=False):
+        assert records == [("all_gather", 32, 2)]  # the gathered size, as for dist.all_gather
+        torch.testing.assert_close(full, torch.arange(8.0))
+
+
+def _course_ddp_step():
+    from parlab.measure import CommLog, Timeline
+    from parlab.parallel.ddp import DDPOverlap
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params
+    tl = Timeline()
+    log = CommLog(timeline=tl)
+    ddp = DDPOverlap(model, on_collective=log)
+    ddp(torch.randn(2, 16)).sum().backward()
+    ddp.sync_gradients()
+    return totals(log.records), [e.kind for e in tl.events]
+
+
+def test_course_ddp_reports_into_a_comm_log():
+    t, kinds = parlab.launch(_course_ddp_step, world_size=2, timeout=20, output="none", announce=False)[0]
+    assert t["broadcast"]["bytes"] == 676 * 4      # initial weights, once
+    assert t["all_reduce"]["bytes"] == 676 * 4     # every gradient, once per step
+    assert set(kinds) == {"comm"}

@@ -1,0 +1,103 @@
+"""Each exercise check passes the reference and fails a planted wrong answer with a precise message."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from parlab.exercises import (
+    ExerciseFailed,
+    check_ranks,
+    check_ring_all_reduce,
+    check_zero_memory,
+    first_difference,
+)
+from parlab.ring import ring_all_reduce, ring_reduce_scatter
+
+
+def test_first_difference_names_element_expected_and_got():
+    expected = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    got = torch.tensor([1.0, 2.0, 9.0, 4.0])
+    assert first_difference(expected.clone(), expected) is None
+    assert first_difference(got, expected) == "element 2: expected 3, got 9 (1 of 4 elements differ)"
+    assert "shape (4,)" in first_difference(torch.zeros(3), expected)
+    assert "got NoneType" in first_difference(None, expected)
+
+
+@pytest.mark.parametrize("world_size, numel", [(4, None), (3, 7)])
+def test_reference_ring_passes(world_size, numel):
+    passed = check_ring_all_reduce(ring_all_reduce, world_size=world_size, numel=numel)
+    assert "matches dist.all_reduce" in repr(passed)
+
+
+def only_reduce_scatter(t):
+    # planted mistake: forgets the all-gather phase
+    ring_reduce_scatter(list(torch.tensor_split(t.view(-1), dist.get_world_size())))
+
+
+def test_missing_all_gather_is_located():
+    with pytest.raises(ExerciseFailed) as err:
+        check_ring_all_reduce(only_reduce_scatter, world_size=2)
+    # 2 ranks, 6 elements: rank 0 owns the sum of chunk 1, chunk 0 still holds its partial x + y
+    # inputs: rank 0 arange(6), rank 1 arange(6) + 100 -> sums 100, 102, ...; rank 0's element 0 is 0+100
+    msg = str(err.value)
+    assert "only_reduce_scatter on rank" in msg and "element" in msg and "expected" in msg
+
+
+def calls_all_reduce(t):
+    dist.all_reduce(t)  # planted: right answer by the forbidden route
+
+
+def test_using_all_reduce_is_refused():
+    with pytest.raises(ExerciseFailed, match="called all_reduce"):
+        check_ring_all_reduce(calls_all_reduce, world_size=2)
+
+
+def send_everything(t):
+    # planted: right sums, but every rank sends its whole buffer to every other rank: (n-1) x buffer
+    n, r = dist.get_world_size(), dist.get_rank()
+    total = t.clone()
+    for step in range(1, n):
+        incoming = torch.empty_like(t)
+        req = dist.isend(t, (r + step) % n)
+        dist.recv(incoming, (r - step) % n)
+        req.wait()
+        total += incoming
+    t.copy_(total)
+
+
+def test_too_many_bytes_is_refused():
+    with pytest.raises(ExerciseFailed, match=r"ranks sent \[72, 72, 72, 72\] bytes.*= 36 bytes"):
+        check_ring_all_reduce(send_everything, world_size=4, numel=6)
+
+
+def off_by_one_on_rank1(t):
+    ring_all_reduce(t)
+    if dist.get_rank() == 1:
+        t[5] += 1
+
+
+def test_wrong_element_names_rank_and_values():
+    def inputs(rank, n):
+        return torch.arange(6, dtype=torch.float32) + 100 * rank
+
+    with pytest.raises(ExerciseFailed) as err:
+        check_ranks(off_by_one_on_rank1, lambda t: dist.all_reduce(t), world_size=2, make_input=inputs)
+    # element 5 summed over ranks: 5 + 105 = 110
+    assert "on rank 1 of 2: element 5: expected 110, got 111 (1 of 6 elements differ)" in str(err.value)
+
+
+def zero_gb(num_params, n_d, stage, k=12):
+    psi = num_params
+    shards = {0: (1, 1, 1), 1: (1, 1, n_d), 2: (1, n_d, n_d), 3: (n_d, n_d, n_d)}[stage]
+    return (2 * psi / shards[0] + 2 * psi / shards[1] + k * psi / shards[2]) / 1e9
+
+
+def zero_gb_forgets_master_weights(num_params, n_d, stage, k=12):
+    return zero_gb(num_params, n_d, stage, k - 4) if stage else zero_gb(num_params, n_d, stage, k)
+
+
+def test_zero_memory_exercise():
+    assert "all 32 cases" in repr(check_zero_memory(zero_gb))
+    with pytest.raises(ExerciseFailed, match=r"zero_gb_forgets_master_weights\(num_params=7500000000.0, "
+                                             r"n_d=1, stage=1\): expected 120, got 90.0"):
+        check_zero_memory(zero_gb_forgets_master_weights)

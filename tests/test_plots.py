@@ -1,0 +1,45 @@
+"""The plots draw what they are given: one cell per element, one bar per label, one row per rank."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import torch
+from matplotlib.patches import Rectangle
+
+from parlab import plots
+from parlab.measure import BandwidthPoint, Event, estimate_memory
+
+
+def test_rank_tensors_one_cell_per_element():
+    before = [torch.arange(2.0) + 10 * r for r in range(3)]
+    after = [torch.arange(6.0) for _ in range(3)]
+    fig = plots.rank_tensors(before, after, title="all-gather")
+    left, right = fig.axes
+    assert sum(isinstance(p, Rectangle) for p in left.patches) == 6
+    assert sum(isinstance(p, Rectangle) for p in right.patches) == 18
+    assert [t.get_text() for t in left.texts][:2] == ["0", "1"]
+
+
+def test_memory_bars_label_totals_and_cut_tall_bars():
+    bars = {"small": estimate_memory(num_params=10**9), "huge": estimate_memory(num_params=10**11)}
+    fig = plots.memory_bars(bars, limit=80e9, ymax=320e9)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "16" in texts and "1,600 ↑" in texts
+    assert fig.axes[0].get_ylim()[1] == 320
+
+
+def test_gantt_one_row_per_rank():
+    events = [Event(0, "fwd", "compute", 0.0, 1.0), Event(1, "all_reduce", "comm", 0.5, 1.5)]
+    fig = plots.gantt(events)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert len([p for p in ax.patches if p.get_width() > 0]) == 2
+
+
+def test_bandwidth_draws_fit_and_both_rates():
+    pts = [BandwidthPoint(m, 1e-5 + m / 1e9, m / (1e-5 + m / 1e9), m / (1e-5 + m / 1e9)) for m in (1e3, 1e6)]
+    fig = plots.bandwidth({"all_reduce": pts}, fit={"all_reduce": (1e-5, 1e-9)})
+    left, right = fig.axes[:2]
+    assert len(left.lines) == 2 and len(right.lines) == 2
+    assert "α = 10 µs" in left.get_legend().get_texts()[1].get_text()

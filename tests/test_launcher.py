@@ -64,6 +64,18 @@ def test_closures_classes_and_kwargs():
     assert type(results[0]).__name__ == "Point"
 
 
+class Log:  # has an attribute named like torch.ops, which cloudpickle alone mistakes for that module
+    def __init__(self):
+        self.ops = [1, 2]
+
+
+def test_attribute_named_like_a_torch_submodule():
+    def work():
+        return torch.ones(1).sum().item() + len(Log().ops)
+
+    assert parlab.launch(work, 2, announce=False) == [3.0, 3.0]
+
+
 def test_announce_line(capsys):
     parlab.launch(lambda: None, 2)
     assert capsys.readouterr().out.splitlines()[0] == "parlab: 2 ranks · gloo · CPU · 1 CPU thread per rank"

@@ -3,14 +3,19 @@
 cloudpickle carries functions and classes defined in notebook cells by value. Two adjustments:
 - cloudpickle renames every code object's file to ``<dynamic-code>``; we keep the real name (the cell's),
   so that a rank's traceback can show the cell's lines;
+- a module that is in ``sys.modules`` under its own name travels as a name to import, even when
+  cloudpickle takes it for a dynamic module (``torch.ops`` has no spec: a function reading any ``.ops``
+  attribute next to ``torch`` could not travel otherwise);
 - tensors on an accelerator travel as CPU tensors: unpickling a CUDA tensor in the kernel would create
   a CUDA context there and take memory on GPU 0, which a shared GPU box cannot afford.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
+import sys
 import types
 
 import cloudpickle
@@ -37,6 +42,8 @@ class _Pickler(cloudpickle.Pickler):
             copy = obj.replace()
             self._copies[id(copy)] = copy
             return _named_code, (copy, obj.co_filename)
+        if isinstance(obj, types.ModuleType) and obj.__name__ != "__main__" and sys.modules.get(obj.__name__) is obj:
+            return importlib.import_module, (obj.__name__,)
         if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
             return _same, (obj.detach().to("cpu"),)
         return super().reducer_override(obj)

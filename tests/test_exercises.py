@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 from parlab.exercises import (
     ExerciseFailed,
+    check_mean_over_ranks,
     check_ranks,
     check_ring_all_reduce,
     check_zero_memory,
@@ -101,3 +102,21 @@ def test_zero_memory_exercise():
     with pytest.raises(ExerciseFailed, match=r"zero_gb_forgets_master_weights\(num_params=7500000000.0, "
                                              r"n_d=1, stage=1\): expected 120, got 90.0"):
         check_zero_memory(zero_gb_forgets_master_weights)
+
+
+def test_mean_over_ranks_check_both_ways():
+    def right(t):
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+
+    def sum_only(t):
+        dist.all_reduce(t)
+
+    def nothing(t):
+        pass
+
+    assert "mean over 2 ranks" in repr(check_mean_over_ranks(right, world_size=2))
+    with pytest.raises(ExerciseFailed, match=r"sum_only on rank 0 of 2: element 0: expected 50, got 100"):
+        check_mean_over_ranks(sum_only, world_size=2)
+    with pytest.raises(ExerciseFailed, match=r"nothing on rank 0 of 2: element 0: expected 50, got 0"):
+        check_mean_over_ranks(nothing, world_size=2)

@@ -60,11 +60,11 @@ def test_args_must_be_literals(tmp_path):
 
 @pytest.mark.slow
 def test_chapter_function_runs_under_torchrun(tmp_path):
-    script = tmp_path / "shard_sum.py"
-    run = subprocess.run([sys.executable, "-m", "parlab", "export", WELCOME, "shard_sum", "--args", "[1000]",
-                          "-o", str(script)], capture_output=True, text=True, timeout=60)
+    script = tmp_path / "total.py"
+    run = subprocess.run([sys.executable, "-m", "parlab", "export", WELCOME, "total", "-o", str(script)],
+                         capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "499500.0" in run.stdout and "started by torchrun" in run.stdout
+    assert "3.0" in run.stdout and "started by torchrun" in run.stdout  # 1 + 2 on 2 ranks

@@ -7,6 +7,7 @@ or raises :class:`ExerciseFailed`, an ``AssertionError`` whose message names the
 - :func:`check_ranks`: the general form. ``fn(x)`` and ``reference(x)`` run on every rank of one
   launch, each on its own clone of ``make_input(rank, world_size)``; a function that returns ``None``
   is taken to have worked in place, like ``dist.all_reduce``.
+- :func:`check_mean_over_ranks`: chapter 00. The mean of a tensor over all ranks, left on every rank.
 - :func:`check_ring_all_reduce`: chapter 02. Against ``dist.all_reduce``; also that only point-to-point
   messages were used, and that each rank sent ``2(n−1)/n`` of the buffer.
 - :func:`check_function`: plain (single-process) functions over a list of cases; chapter 01.
@@ -95,6 +96,17 @@ def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, t
                                  f"  expected{' ' * (len(str(rank)) + 6)}: {r['expected'].tolist()}\n"
                                  f"  got{' ' * (len(str(rank)) + 11)}: {got}")
     return results
+
+
+def _mean_over_ranks(t):
+    dist.all_reduce(t)
+    t.div_(dist.get_world_size())
+
+
+def check_mean_over_ranks(fn, world_size: int = 4, timeout: float = 30) -> Passed:
+    """Chapter 00: ``fn(t)`` must leave in ``t``, on every rank, the mean of ``t`` over all ranks."""
+    check_ranks(fn, _mean_over_ranks, world_size, timeout=timeout)
+    return Passed(f"{_name(fn)} leaves the mean over {world_size} ranks on every rank")
 
 
 def check_ring_all_reduce(fn, world_size: int = 4, numel: int | None = None, timeout: float = 30) -> Passed:

@@ -232,12 +232,3 @@ def ddp_recorder(log: CommLog, bucket):
         return f.value()[0]
 
     return fut.then(done)
-
-
-# PyTorch wraps every dispatch mode's __torch_dispatch__ so that torch.compile skips it, and builds that
-# wrapper on first use by importing torch._dynamo: about 3 s in every freshly started rank, for each
-# launch. The course never compiles inside a recording, so we hand the wrapper the plain function as its
-# cached "disabled" form. If a later PyTorch drops this cache, the only cost is the import again.
-_raw = getattr(record_comm.__torch_dispatch__, "__wrapped__", None)
-if _raw is not None:
-    setattr(_raw, "__dynamo_disable", _raw)

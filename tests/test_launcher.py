@@ -197,19 +197,32 @@ def test_hang_becomes_timeout_showing_each_rank():
     assert "same collectives" in str(err)
 
 
-def _spins_on_rank0():
+def _rank0_works_alone_after_the_others_return():
     dist.barrier()
     if parlab.rank() == 0:
-        while True:
-            pass
+        time.sleep(2.5)  # longer than the timeout, but outside any collective: working, not hung
+    return parlab.rank()
 
 
-def test_busy_rank_that_never_returns_is_reported():
+def test_rank_busy_alone_after_peers_returned_is_not_a_hang():
+    assert parlab.launch(_rank0_works_alone_after_the_others_return, 2, timeout=1, announce=False) == [0, 1]
+
+
+def _mixed_hang():
+    dist.barrier()
+    if parlab.rank() == 0:
+        time.sleep(600)  # busy elsewhere
+    elif parlab.rank() == 1:
+        dist.recv(torch.ones(1), src=0)  # waits for rank 0, which never sends
+
+
+def test_hang_report_tells_waiting_from_busy_ranks():
     with pytest.raises(parlab.RankTimeoutError) as info:
-        parlab.launch(_spins_on_rank0, 2, timeout=1, announce=False)
-    assert "busy outside any collective" in info.value.stacks[0]
-    assert str(info.value).startswith("rank 0 was still busy elsewhere (if it is just slow, raise timeout)")
-    assert "while True" in info.value.stacks[0]
+        parlab.launch(_mixed_hang, 3, timeout=2, announce=False)
+    err = info.value
+    assert "busy outside any collective" in err.stacks[0] and "time.sleep(600)" in err.stacks[0]
+    assert "dist.recv(torch.ones(1), src=0)" in err.stacks[1]
+    assert "had returned" in err.stacks[2]
 
 
 def _killed_rank(pid_dir):

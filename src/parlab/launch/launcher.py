@@ -66,7 +66,7 @@ class _Rank:
         self.exitcode: int | None = None
         self.exited = False
         self.finished_at: float | None = None
-        self.stack: str | None = None
+        self.stack: tuple[str, bool] | None = None  # (where, in a collective?) when asked
         self.last_err = collections.deque(maxlen=15)
 
 
@@ -181,7 +181,7 @@ class _Launch:
 
     def run(self) -> list:
         __tracebackhide__ = True
-        decide_at = None
+        decide_at, next_probe = None, 0.0
         while True:
             now = time.monotonic()
             running = [r for r in self.ranks if r.state == "running"]
@@ -196,8 +196,14 @@ class _Launch:
             if decide_at is not None and now >= decide_at:
                 raise self._failure()
             finished = [r.finished_at for r in self.ranks if r.state == "ok"]
-            if finished and running and now - min(finished) > self.plan.timeout:
-                raise self._hang()
+            if finished and running and now - min(finished) > self.plan.timeout and now >= next_probe:
+                # Peers have returned long ago. A rank waiting in a collective now waits for nobody: a
+                # hang. A rank busy elsewhere (rank 0 evaluating or saving alone) is working: look again
+                # a timeout later.
+                self._probe_stacks(running)
+                if any(r.stack is not None and r.stack[1] for r in running):
+                    raise self._hang()
+                next_probe = time.monotonic() + self.plan.timeout
             wait = 0.5
             if decide_at is not None:
                 wait = min(wait, decide_at - now)
@@ -265,13 +271,17 @@ class _Launch:
         return RankError(r.rank, ws, err["type"], err["message"], _cell_names(err["traceback"]), original,
                          statuses)
 
-    def _hang(self) -> RankTimeoutError:
-        waiting = [r for r in self.ranks if r.state == "running"]
-        for r in waiting:
+    def _probe_stacks(self, ranks: list[_Rank]) -> None:
+        """Ask running ranks where they are; their answers land in ``r.stack`` (text, in a collective?)."""
+        for r in ranks:
+            r.stack = None
             _try(r.ctrl.send_bytes, b"stack")
         deadline = time.monotonic() + 2.0
-        while any(r.stack is None and r.state == "running" for r in waiting) and time.monotonic() < deadline:
+        while any(r.stack is None and r.state == "running" for r in ranks) and time.monotonic() < deadline:
             self._pump(deadline - time.monotonic())
+
+    def _hang(self) -> RankTimeoutError:
+        self._probe_stacks([r for r in self.ranks if r.state == "running"])
         statuses = self._statuses()
         now, timeout = time.monotonic(), self.plan.timeout
         stacks, waited, returned, busy = {}, [], [], []

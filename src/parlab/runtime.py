@@ -32,6 +32,6 @@ def device() -> torch.device:
     """The device this rank computes on: its own GPU in NCCL mode, else the CPU."""
     if "PARLAB_DEVICE" in os.environ:
         return torch.device(os.environ["PARLAB_DEVICE"])
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()):
         return torch.device("cuda", local_rank())
     return torch.device("cpu")

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from parlab.launch import _pickling
 from parlab.launch.errors import classify_exception
+from parlab.launch.plan import GPU_BACKENDS
 
 _LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
 # Frames in these files are the launcher's plumbing, not the learner's code.
@@ -104,7 +105,7 @@ def _init_process_group(spec: dict) -> None:
     if spec["device_type"] == "cuda":
         torch.cuda.set_device(spec["local_rank"])
     dist.init_process_group(
-        spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"], timeout=timeout
+        GPU_BACKENDS if spec["backend"] == "nccl" else spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"], timeout=timeout
     )
 
 

@@ -47,6 +47,8 @@ def run_in_job(job: Job, fn, args, kwargs, world_size, backend, timeout, announc
     import torch
     import torch.distributed as dist
 
+    from parlab.launch.plan import GPU_BACKENDS
+
     if world_size != job.world_size:
         raise ValueError(
             f"launch(world_size={world_size}) was called in a job of {job.world_size} ranks started by "
@@ -65,7 +67,7 @@ def run_in_job(job: Job, fn, args, kwargs, world_size, backend, timeout, announc
     if owned:
         if name == "nccl":
             torch.cuda.set_device(job.local_rank)
-        dist.init_process_group(name, init_method="env://", rank=job.rank, world_size=job.world_size,
+        dist.init_process_group(GPU_BACKENDS if name == "nccl" else name, init_method="env://", rank=job.rank, world_size=job.world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
     if announce and job.rank == 0:
         print(f"parlab: {job.world_size} ranks · {name} · {'CPU' if name == 'gloo' else 'GPU'} · "

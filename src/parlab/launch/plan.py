@@ -12,6 +12,9 @@ import os
 from dataclasses import dataclass
 
 BACKENDS = ("auto", "gloo", "nccl")
+# In GPU mode the process group gets both backends: NCCL moves CUDA tensors, gloo any CPU tensor a cell
+# still has (a tensor made without device=parlab.device()), which NCCL alone would refuse.
+GPU_BACKENDS = "cpu:gloo,cuda:nccl"
 
 
 @dataclass(frozen=True)

@@ -72,3 +72,10 @@ def test_widget_builds_headless():
     matplotlib.use("Agg")
     box = strategy_tool()
     assert len(box.children) == 5
+
+
+def test_slow_links_put_pipeline_stages_across_nodes():
+    # Even when TP inside a node alone would fit, PP must span nodes so only activations cross slow links.
+    slow = recommend(num_params=7_000_000_000, gpu_memory_gb=80, gpus_per_node=8, nodes=4, inter_node="slow")
+    label = next(r.strategy for r in slow.recommendations if "PP" in r.strategy)
+    assert "PP 1 " not in label and label.startswith("TP 8 × PP ")

@@ -161,8 +161,9 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
     memory[f"TP {gpus_per_node} × DP {nodes}"] = est(world_size=total, tp_size=gpus_per_node)
     three_d = None
     if nodes > 1:
-        # 3D: TP inside a node, the fewest pipeline stages across nodes that make it fit, DP for the rest
-        for pp in (d for d in range(1, nodes + 1) if nodes % d == 0):
+        # 3D: TP inside a node, pipeline stages across nodes (at least 2, so that only activations cross the
+        # inter-node links), the fewest that make it fit, DP for the rest
+        for pp in (d for d in range(2, nodes + 1) if nodes % d == 0):
             three_d = (pp, est(world_size=total, tp_size=gpus_per_node, pp_size=pp, zero_stage=1))
             if three_d[1].total <= gpu:
                 break
@@ -197,12 +198,12 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
         if inter_node == "fast":
             recs.append(Recommendation(z3 if not fits_one else f"ZeRO ×{total}", "fast links between nodes: "
                                        "ZeRO needs almost no changes to the model", z3))
-            recs.append(Recommendation(three_label.replace(" + ZeRO-1", ""), "less communication than ZeRO, but "
-                                       "the model must be rewritten for TP and PP", three_label))
+            recs.append(Recommendation(three_label, "less communication than ZeRO, but the model must be "
+                                       "rewritten for TP and PP (ZeRO-1 optional)", three_label))
         else:
-            recs.append(Recommendation(three_label, "slow links between nodes and little GPU memory: TP inside "
-                                       "nodes, PP across them, DP over the rest, ZeRO-1 to shard optimizer "
-                                       "states", three_label))
+            recs.append(Recommendation(three_label, "slow links between nodes: TP inside nodes, PP across them "
+                                       "(only activations cross the slow links), DP over the rest, ZeRO-1 to "
+                                       "shard optimizer states", three_label))
         if fits_one:
             recs.insert(0, Recommendation(ddp, "the model fits one GPU: plain data parallelism is the simplest "
                                           "start", ddp))

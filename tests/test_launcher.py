@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import cloudpickle
 import pytest
@@ -79,6 +80,20 @@ def test_attribute_named_like_a_torch_submodule():
 def test_announce_line(capsys):
     parlab.launch(lambda: None, 2)
     assert capsys.readouterr().out.splitlines()[0] == "parlab: 2 ranks · gloo · CPU · 1 CPU thread per rank"
+
+
+def _warns():
+    warnings.warn("a course-specific notice", FutureWarning)
+    return [f[0] for f in warnings.filters[:1]]
+
+
+def test_warning_filters_follow_the_caller(capfd):
+    parlab.launch(_warns, 2, announce=False)
+    assert "a course-specific notice" in capfd.readouterr().err
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="a course-specific", category=FutureWarning)
+        assert parlab.launch(_warns, 2, announce=False) == [["ignore"], ["ignore"]]
+    assert "a course-specific notice" not in capfd.readouterr().err
 
 
 def test_threads_option_and_environment_follows_the_caller(monkeypatch):

@@ -1,8 +1,8 @@
 """What one rank runs, inside a process forked by the zygote.
 
 The kernel sends a plain dict (the *spec*) over the rank's control socket. The rank takes on the
-kernel's environment, ``sys.path``, working directory and cell sources (so tracebacks show cell
-lines), joins the process group, runs the function and sends back its result or its error.
+kernel's environment, ``sys.path``, working directory, warning filters and cell sources (so tracebacks
+show cell lines), joins the process group, runs the function and sends back its result or its error.
 
 It then keeps its process group open until the kernel says ``done``: a rank that tore down early would
 make its peers fail with "Connection closed by peer", hiding the real cause. A watcher thread answers
@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from multiprocessing.connection import Connection
 
 import torch
@@ -118,6 +119,11 @@ def _adopt_kernel_state(spec: dict) -> None:
     except OSError:
         pass
     linecache.cache.update(spec["linecache"])
+    warnings.resetwarnings()
+    for action, message, category, module, lineno in spec["warning_filters"]:
+        # a filter holds a compiled pattern, a plain string (Python's defaults) or None
+        warnings.filterwarnings(action, getattr(message, "pattern", message) or "", category,
+                                getattr(module, "pattern", module) or "", lineno, append=True)
     torch.set_num_threads(spec["threads"])
 
 
@@ -131,9 +137,9 @@ def main(ctrl_fd: int, out_fd: int, err_fd: int) -> int:
     channel = _Channel(ctrl_fd)
     spec = pickle.loads(channel.conn.recv_bytes())
     threading.Thread(target=channel.watch, name="parlab-watch", daemon=True).start()
-    _adopt_kernel_state(spec)
     started = time.monotonic()
     try:
+        _adopt_kernel_state(spec)
         _init_process_group(spec)
         fn, args, kwargs = _pickling.loads(spec["payload"])
         value = fn(*args, **kwargs)

@@ -26,6 +26,7 @@ import struct
 import sys
 import time
 import uuid
+import warnings
 
 from parlab.launch import _pickling
 from parlab.launch._zygote import _Zygote, _zygote_lock, _zygote_with
@@ -93,7 +94,7 @@ class _Launch:
             "device_type": self.plan.device_type, "timeout": self.plan.timeout,
             "threads": self.plan.threads, "store_host": LOCAL_HOST, "store_port": self.store.port,
             "store_prefix": f"parlab/{uuid.uuid4().hex}", "sys_path": list(sys.path), "cwd": os.getcwd(),
-            "linecache": _cell_sources(), "payload": self.payload,
+            "linecache": _cell_sources(), "warning_filters": _warning_filters(), "payload": self.payload,
         }
         base_env = dict(os.environ)
         base_env.update(
@@ -413,6 +414,19 @@ def _cell_sources() -> dict:
     """linecache entries with no file behind them (notebook cells), so ranks' tracebacks show the code."""
     return {name: entry for name, entry in list(linecache.cache.items())
             if len(entry) == 4 and (entry[1] is None or name.startswith("<"))}
+
+
+def _warning_filters() -> list:
+    """The caller's warning filters (``warnings.filterwarnings`` in a cell applies on the ranks too);
+    filters naming a warning class defined in the notebook cannot travel and are left out."""
+    travel = []
+    for f in warnings.filters:
+        try:
+            pickle.dumps(f)
+        except Exception:  # noqa: BLE001
+            continue
+        travel.append(f)
+    return travel
 
 
 def _cell_names(text: str) -> str:

@@ -19,7 +19,7 @@ from conftest import wait_gone
 
 import parlab
 from parlab.launch import plan as plan_module
-from parlab.launch import preload
+from parlab.launch import preload, shutdown
 from parlab.launch.plan import make_plan
 
 # Functions here travel by value, as functions defined in a notebook cell do.
@@ -402,3 +402,14 @@ def test_preload_puts_a_module_in_every_later_rank():
     assert parlab.launch(has_tabnanny, 2, announce=False) == [False, False]
     preload("tabnanny")
     assert parlab.launch(has_tabnanny, 2, announce=False) == [True, True]
+
+
+def test_a_module_that_starts_a_thread_is_not_preloaded(tmp_path, monkeypatch):
+    (tmp_path / "parlab_threaded_mod.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    shutdown()  # the next zygote starts with tmp_path on its path
+    preload("parlab_threaded_mod")  # the zygote refuses it and is replaced by a fresh, single-threaded one
+    out = parlab.launch(lambda: "parlab_threaded_mod" in sys.modules, 2, announce=False)
+    assert out == [False, False]
+    shutdown()

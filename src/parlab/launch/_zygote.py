@@ -105,7 +105,10 @@ def serve(sock: socket.socket) -> None:
             if not msg:  # the kernel is gone
                 return
             if msg[:1] == PRELOAD:
-                sock.sendall(_preload(msg[1:].decode()).encode().ljust(256)[:256])
+                answer = _preload(msg[1:].decode())
+                sock.sendall(answer.encode().ljust(256)[:256])
+                if threading.active_count() > 1:
+                    return  # no longer safe to fork: the kernel starts a fresh zygote without that module
                 continue
             ctrl_fd, out_fd, err_fd, status_fd = fds
             pid = os.fork()
@@ -174,7 +177,10 @@ class _Zygote:
             return
         self.preloaded.add(name)
         self.sock.sendall(PRELOAD + name.encode())
-        self._recv(256)  # an error just means the ranks import it themselves
+        answer = self._recv(256).decode().strip()
+        if "started a thread" in answer:  # the zygote exits: remember never to ask for this one again
+            _threaded_modules.add(name)
+            self.close()
 
     def spawn(self):
         """Fork one rank; returns (pid, control connection, stdout fd, stderr fd, exit-status fd)."""
@@ -206,6 +212,7 @@ class _Zygote:
 
 _zygote_lock = threading.Lock()
 _the_zygote: _Zygote | None = None
+_threaded_modules: set[str] = set()  # preloading them would leave the zygote with threads
 
 
 def _zygote_with(preloads) -> _Zygote:
@@ -215,7 +222,10 @@ def _zygote_with(preloads) -> _Zygote:
             atexit.register(shutdown)
         _the_zygote = _Zygote()
     for name in preloads:
-        _the_zygote.preload(name)
+        if name not in _threaded_modules:
+            _the_zygote.preload(name)
+        if not _the_zygote.alive():  # it refused a module that starts threads, and exited
+            _the_zygote = _Zygote()
     return _the_zygote
 
 

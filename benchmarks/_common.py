@@ -9,12 +9,14 @@ import platform
 
 import torch
 
+from parlab.launch.plan import cpu_count
+
 
 def machine(backend: str) -> dict:
     """Which machine and backend produced a result: a number means little without this."""
     info = {
         "host_cpu": platform.processor() or platform.machine(),
-        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_cores": cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "backend": backend,

@@ -127,8 +127,9 @@ def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", la
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit_name})")
-    handles = [Rectangle((0, 0), 1, 1, color=c) for k, c in KIND_COLORS.items()]
-    ax.legend(handles, list(KIND_COLORS), loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    shown = [k for k in KIND_COLORS if any(e.kind == k for e in events)]  # no legend entry for nothing
+    handles = [Rectangle((0, 0), 1, 1, color=KIND_COLORS[k]) for k in shown]
+    ax.legend(handles, shown, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(title)
     fig.tight_layout()
     return fig

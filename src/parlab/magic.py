@@ -16,57 +16,12 @@ its value on each rank; ``--out NAME`` stores that list in the notebook as ``NAM
 from __future__ import annotations
 
 import ast
-import builtins
-import re
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from parlab.launch import _pickling
-from parlab.launch.launcher import launch
-
-# Output-history names IPython keeps in the user namespace (_, __, _5, _i5, _oh, ...): never sent.
-_HISTORY = re.compile(r"_+|_i+|_i?\d+|_oh|_dh|_ih")
-
-
-class CellProgram:
-    """A cell's code plus the notebook variables it uses; calling it runs the cell on this rank."""
-
-    def __init__(self, source: str, filename: str, variables: dict[str, bytes]):
-        self.source, self.filename, self.variables = source, filename, variables
-
-    def __call__(self):
-        namespace = {"__name__": "__main__", "__builtins__": builtins}
-        for name, blob in self.variables.items():
-            namespace[name] = _pickling.loads(blob)
-        tree = ast.parse(self.source, self.filename)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        exec(compile(tree, self.filename, "exec"), namespace)
-        if last is not None:
-            return eval(compile(ast.Expression(last.value), self.filename, "eval"), namespace)
-        return None
-
-
-def referenced_names(source: str) -> set[str]:
-    """Every bare name the cell mentions; the notebook variables among them travel to the ranks."""
-    return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
-
-
-def pack_variables(names, user_ns: dict, hidden=()) -> dict[str, bytes]:
-    """Pickle the notebook variables among ``names``; ``hidden`` are the names IPython put there."""
-    variables = {}
-    for name in sorted(names):
-        if name not in user_ns or name in hidden or _HISTORY.fullmatch(name):
-            continue
-        value = user_ns[name]
-        try:
-            variables[name] = _pickling.dumps(value)
-        except Exception as exc:  # noqa: BLE001
-            raise TypeError(
-                f"the cell uses the notebook variable {name!r} ({type(value).__name__}), which cannot be "
-                f"sent to the ranks ({type(exc).__name__}: {exc}). Create it inside the cell instead."
-            ) from None
-    return variables
+from parlab.launch.cell import CellProgram, pack_variables, referenced_names
+from parlab.launch.launcher import START_METHODS, launch
 
 
 @magics_class
@@ -78,9 +33,11 @@ class RankMagics(Magics):
     @argument("--rank0", action="store_true", help="show only rank 0's output")
     @argument("--quiet", action="store_true", help="no output at all from the ranks")
     @argument("--out", default=None, help="store the per-rank values of the last expression in this variable")
+    @argument("--start-method", default=None, choices=START_METHODS,
+              help="zygote (default on Linux) or spawn (default on macOS and Windows)")
     @cell_magic
     def ranks(self, line, cell):
-        """Run this cell on N ranks: ``%%ranks -n 4 [--backend gloo] [--timeout 10] [--rank0]``."""
+        """Run this cell on N ranks: ``%%ranks -n 4 [--backend gloo] [--timeout 10] [--rank0] [--start-method spawn]``."""
         __tracebackhide__ = True
         args = parse_argstring(self.ranks, line)
         filename = self.shell.compile.cache(cell)  # registers the source, so tracebacks show cell lines
@@ -94,7 +51,8 @@ class RankMagics(Magics):
         program = CellProgram(cell, filename, pack_variables(
             referenced_names(cell), self.shell.user_ns, self.shell.user_ns_hidden))
         output = "none" if args.quiet else ("rank0" if args.rank0 else "all")
-        results = launch(program, args.world_size, backend=args.backend, timeout=args.timeout, output=output)
+        results = launch(program, args.world_size, backend=args.backend, timeout=args.timeout, output=output,
+                         start_method=args.start_method)
         if args.out:
             self.shell.user_ns[args.out] = results
         return results if any(r is not None for r in results) else None

@@ -8,6 +8,9 @@ cloudpickle carries functions and classes defined in notebook cells by value. Tw
   attribute next to ``torch`` could not travel otherwise);
 - tensors on an accelerator travel as CPU tensors: unpickling a CUDA tensor in the kernel would create
   a CUDA context there and take memory on GPU 0, which a shared GPU box cannot afford.
+
+Warning filters travel as names, not as pickled classes: unpickling a class imports its module, and the
+kernel's own filters name classes from IPython, so every rank would import IPython on every launch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import io
 import pickle
 import sys
 import types
+import warnings
 
 import cloudpickle
 import torch
@@ -56,3 +60,34 @@ def dumps(obj) -> bytes:
 
 
 loads = cloudpickle.loads
+
+
+def warning_filters() -> list[tuple]:
+    """The caller's warning filters as plain data: (action, message, (module, qualname), module, lineno)."""
+    return [(action, getattr(message, "pattern", message) or "", (category.__module__, category.__qualname__),
+             getattr(module, "pattern", module) or "", lineno)
+            for action, message, category, module, lineno in warnings.filters]
+
+
+def install_warning_filters(filters: list[tuple]) -> None:
+    """Replace this process's warning filters by ``filters`` (from :func:`warning_filters`)."""
+    warnings.resetwarnings()
+    for action, message, (module_name, qualname), module, lineno in filters:
+        warnings.filterwarnings(action, message, _warning_class(module_name, qualname), module, lineno, append=True)
+
+
+class _MatchByName(type):
+    """Stands in for a warning class whose module this process has not imported (or that was defined in a
+    notebook cell): a warning matches when a class in its MRO has the same module and qualified name."""
+
+    def __subclasscheck__(cls, other) -> bool:
+        return any((c.__module__, c.__qualname__) == cls.names for c in getattr(other, "__mro__", ()))
+
+
+def _warning_class(module_name: str, qualname: str) -> type:
+    obj = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and issubclass(obj, Warning):
+        return obj
+    return _MatchByName(qualname.rsplit(".", 1)[-1], (Warning,), {"names": (module_name, qualname)})

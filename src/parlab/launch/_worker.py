@@ -1,8 +1,14 @@
-"""What one rank runs, inside a process forked by the zygote.
+"""What one rank runs: in a process the zygote forked, or one that the spawn start method started.
 
-The kernel sends a plain dict (the *spec*) over the rank's control socket. The rank takes on the
+The kernel sends a plain dict (the *spec*) over the rank's control connection. The rank takes on the
 kernel's environment, ``sys.path``, working directory, warning filters and cell sources (so tracebacks
-show cell lines), joins the process group, runs the function and sends back its result or its error.
+show cell lines), joins the process group, tells the kernel it is ready, runs the function and sends back
+its result or its error.
+
+The ranks meet through a ``FileStore`` (a file the kernel names), not a ``TCPStore``: a TCPStore client
+looks up the host name of the address it connects to (``getnameinfo`` without ``NI_NUMERICHOST``), so
+joining depends on the machine's DNS resolver, and a resolver that drops the query stalls that rank for
+its timeout (5 s by default). Ranks on one machine need no network to find each other.
 
 It then keeps its process group open until the kernel says ``done``: a rank that tore down early would
 make its peers fail with "Connection closed by peer", hiding the real cause. A watcher thread answers
@@ -21,7 +27,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from multiprocessing.connection import Connection
 
 import torch
@@ -29,11 +34,11 @@ import torch.distributed as dist
 
 from parlab.launch import _pickling
 from parlab.launch.errors import classify_exception
-from parlab.launch.plan import GPU_BACKENDS
+from parlab.launch.plan import GPU_MODE_BACKEND
 
 _LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
 # Frames in these files are the launcher's plumbing, not the learner's code.
-_PLUMBING = (_LAUNCH_DIR, os.path.join(os.path.dirname(_LAUNCH_DIR), "magic.py"))
+_PLUMBING = _LAUNCH_DIR + os.sep
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
@@ -43,10 +48,10 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
 
 
 class _Channel:
-    """The rank's end of the control socket: locked sends, and a watcher thread for requests."""
+    """The rank's end of the control connection: locked sends, and a watcher thread for requests."""
 
-    def __init__(self, fd: int):
-        self.conn = Connection(fd)
+    def __init__(self, conn: Connection):
+        self.conn = conn
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.finished = False  # the function returned or raised; its report is on the way
@@ -99,15 +104,12 @@ def _format_exception(exc: BaseException) -> str:
 
 def _init_process_group(spec: dict) -> None:
     timeout = datetime.timedelta(seconds=spec["timeout"])
-    store = dist.TCPStore(
-        spec["store_host"], spec["store_port"], is_master=False, timeout=timeout, wait_for_workers=False
-    )
-    store = dist.PrefixStore(spec["store_prefix"], store)
+    store = dist.FileStore(spec["store_path"], spec["world_size"])
+    store.set_timeout(timeout)
     if spec["device_type"] == "cuda":
         torch.cuda.set_device(spec["local_rank"])
-    dist.init_process_group(
-        GPU_BACKENDS if spec["backend"] == "nccl" else spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"], timeout=timeout
-    )
+    backend = GPU_MODE_BACKEND if spec["backend"] == "nccl" else spec["backend"]
+    dist.init_process_group(backend, store=store, rank=spec["rank"], world_size=spec["world_size"], timeout=timeout)
 
 
 def _adopt_kernel_state(spec: dict) -> None:
@@ -119,22 +121,55 @@ def _adopt_kernel_state(spec: dict) -> None:
     except OSError:
         pass
     linecache.cache.update(spec["linecache"])
-    warnings.resetwarnings()
-    for action, message, category, module, lineno in spec["warning_filters"]:
-        # a filter holds a compiled pattern, a plain string (Python's defaults) or None
-        warnings.filterwarnings(action, getattr(message, "pattern", message) or "", category,
-                                getattr(module, "pattern", module) or "", lineno, append=True)
+    _pickling.install_warning_filters(spec["warning_filters"])
     torch.set_num_threads(spec["threads"])
 
 
-def main(ctrl_fd: int, out_fd: int, err_fd: int) -> int:
+def main(ctrl: Connection, out_fd: int, err_fd: int) -> int:
+    """A rank whose output goes to the pipes ``out_fd`` and ``err_fd`` (native writes included)."""
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     os.close(out_fd)
     os.close(err_fd)
     sys.stdout = sys.__stdout__ = _text_stream(1)
     sys.stderr = sys.__stderr__ = _text_stream(2)
-    channel = _Channel(ctrl_fd)
+    return run(ctrl)
+
+
+def spawned(ctrl: Connection, out: Connection, err: Connection) -> None:
+    """Entry point of a rank started by the spawn start method (``_spawn.py``)."""
+    if os.name == "posix":
+        os.setsid()  # out of the kernel's process group: an interrupt is the kernel's to handle
+        fds = os.dup(out.fileno()), os.dup(err.fileno())
+        out.close()
+        err.close()
+        code = main(ctrl, *fds)
+    else:  # Windows: the pipes are message pipes; Python-level output travels, native writes do not
+        sys.stdout = sys.__stdout__ = _message_stream(out)
+        sys.stderr = sys.__stderr__ = _message_stream(err)
+        code = run(ctrl)
+    os._exit(code)  # as a forked rank does: no interpreter teardown, which only costs time
+
+
+class _MessageWriter(io.RawIOBase):
+    def __init__(self, conn: Connection):
+        self.conn = conn
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.conn.send_bytes(bytes(data))
+        return len(data)
+
+
+def _message_stream(conn: Connection) -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.BufferedWriter(_MessageWriter(conn)), encoding="utf-8",
+                            errors="backslashreplace", line_buffering=True)
+
+
+def run(ctrl: Connection) -> int:
+    channel = _Channel(ctrl)
     spec = pickle.loads(channel.conn.recv_bytes())
     threading.Thread(target=channel.watch, name="parlab-watch", daemon=True).start()
     started = time.monotonic()
@@ -142,10 +177,11 @@ def main(ctrl_fd: int, out_fd: int, err_fd: int) -> int:
         _adopt_kernel_state(spec)
         _init_process_group(spec)
         fn, args, kwargs = _pickling.loads(spec["payload"])
+        channel.send(("ready", None))
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit too, goes to the kernel
         channel.finished = True
-        channel.send(("error", _error_report(exc, time.monotonic() - started)))
+        channel.send(("raised", _error_report(exc, time.monotonic() - started)))
     else:
         channel.finished = True
         try:

@@ -42,7 +42,8 @@ PRELOAD = b"P"
 FDS_PER_SPAWN = 4  # control socket, stdout, stderr, exit-status pipe
 # What every rank needs. Heavier modules (strategies, transformers) are preloaded on request, when the
 # kernel itself uses them (see launcher._auto_preloads).
-BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab", "parlab.launch._worker")
+BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab", "parlab.launch._worker",
+                "parlab.launch.cell")
 # Imported once the first ranks are on their way, while the zygote is idle: DistributedDataParallel and
 # FSDP import torch._dynamo when they are built, which costs every rank seconds on every launch.
 WARM_LATER = ("torch._dynamo",)
@@ -124,7 +125,7 @@ def serve(sock: socket.socket) -> None:
                         os.close(fd)
                     from parlab.launch import _worker
 
-                    code = _worker.main(ctrl_fd, out_fd, err_fd)
+                    code = _worker.main(Connection(ctrl_fd), out_fd, err_fd)
                 finally:
                     os._exit(code)
             for fd in (ctrl_fd, out_fd, err_fd):
@@ -137,6 +138,37 @@ def serve(sock: socket.socket) -> None:
 
 # ----------------------------------------------------------------------------------------------------
 # The kernel's side: start the zygote once, ask it for ranks.
+
+
+class ForkedRank:
+    """The kernel's handle on a rank the zygote forked (the launcher drives it as it drives a spawned one)."""
+
+    def __init__(self, pid: int, ctrl: Connection, out_fd: int, err_fd: int, status_fd: int):
+        self.pid, self.ctrl = pid, ctrl
+        self.outputs = {out_fd: 1, err_fd: 2}  # what to wait on -> stream number
+        self.exit_event = status_fd  # readable once the zygote has reaped the rank
+
+    @staticmethod
+    def read(source: int) -> bytes:
+        return os.read(source, 1 << 16)
+
+    def exit_code(self) -> int | None:
+        data = os.read(self.exit_event, 4)
+        return struct.unpack("i", data)[0] if len(data) == 4 else None
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        self.ctrl.close()
+        for fd in (*self.outputs, self.exit_event):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 class _Zygote:
@@ -182,8 +214,8 @@ class _Zygote:
             _threaded_modules.add(name)
             self.close()
 
-    def spawn(self):
-        """Fork one rank; returns (pid, control connection, stdout fd, stderr fd, exit-status fd)."""
+    def spawn(self) -> ForkedRank:
+        """Fork one rank."""
         ctrl_here, ctrl_there = socket.socketpair()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -200,7 +232,7 @@ class _Zygote:
             ctrl_there.close()
             for fd in (out_w, err_w, status_w):
                 os.close(fd)
-        return pid, Connection(ctrl_here.detach()), out_r, err_r, status_r
+        return ForkedRank(pid, Connection(ctrl_here.detach()), out_r, err_r, status_r)
 
     def close(self) -> None:
         self.sock.close()

@@ -47,7 +47,7 @@ def run_in_job(job: Job, fn, args, kwargs, world_size, backend, timeout, announc
     import torch
     import torch.distributed as dist
 
-    from parlab.launch.plan import GPU_BACKENDS
+    from parlab.launch.plan import GPU_MODE_BACKEND
 
     if world_size != job.world_size:
         raise ValueError(
@@ -67,8 +67,8 @@ def run_in_job(job: Job, fn, args, kwargs, world_size, backend, timeout, announc
     if owned:
         if name == "nccl":
             torch.cuda.set_device(job.local_rank)
-        dist.init_process_group(GPU_BACKENDS if name == "nccl" else name, init_method="env://", rank=job.rank, world_size=job.world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(GPU_MODE_BACKEND if name == "nccl" else name, init_method="env://", rank=job.rank,
+                                world_size=job.world_size, timeout=datetime.timedelta(seconds=timeout))
     if announce and job.rank == 0:
         print(f"parlab: {job.world_size} ranks · {name} · {'CPU' if name == 'gloo' else 'GPU'} · "
               f"started by {job.source} ({job.local_world_size} per node)", flush=True)

@@ -16,7 +16,8 @@ HANG_HINT = (
 
 
 def classify_exception(exc: BaseException) -> str:
-    """'timeout', 'comm' (a peer went away) or 'error' (a cause of its own)."""
+    """Why a rank's function raised: 'timeout' (a collective waited too long), 'comm' (a peer went away)
+    or 'own' (a cause of its own: the root cause when peers fail after it)."""
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, TimeoutError) or "Timed out" in text or "timed out" in text or "DistTimeoutError" in text:
         return "timeout"
@@ -24,7 +25,7 @@ def classify_exception(exc: BaseException) -> str:
                "DistBackendError", "gloo/transport", "NCCL communicator was aborted")
     if any(m in text for m in markers):
         return "comm"
-    return "error"
+    return "own"
 
 
 class LaunchError(RuntimeError):
@@ -60,7 +61,7 @@ class RankCrashedError(LaunchError):
         self.rank, self.world_size, self.exitcode = rank, world_size, exitcode
         self.signal = -exitcode if exitcode is not None and exitcode < 0 else None
         text = f"rank {rank} of {world_size} {describe_exit(exitcode)}"
-        if self.signal == signal.SIGKILL:
+        if self.signal is not None and self.signal == getattr(signal, "SIGKILL", None):
             text += " (on Linux the out-of-memory killer sends SIGKILL: check memory per rank)"
         text += "."
         if last_lines:

@@ -1,8 +1,9 @@
 """``parlab.launch``: run one function on N ranks from a notebook cell, and get back what each returned.
 
 The kernel side of the launcher. It decides the mode (NCCL with one GPU per rank, or gloo on CPU),
-asks the zygote (``_zygote.py``) to fork the ranks, hosts the rendezvous store on a port the OS
-picks, and then runs one event loop that
+starts the ranks (forked by the zygote, ``_zygote.py``, or started fresh by the spawn start method,
+``_spawn.py``), names the file through which they find each other (a ``FileStore``: no port, no
+network), and then runs one event loop that
 - prints every line a rank writes, whole and prefixed with its rank;
 - collects each rank's result or error, and keeps the root cause when several ranks fail;
 - notices a rank killed by a signal, and a collective that cannot complete (the process group's
@@ -14,22 +15,18 @@ Taught in chapter 00; every later chapter runs its cells through it.
 from __future__ import annotations
 
 import collections
-import datetime
 import linecache
 import os
 import pickle
 import re
-import selectors
-import signal
 import socket
-import struct
 import sys
+import tempfile
 import time
-import uuid
-import warnings
+from multiprocessing.connection import wait
 
 from parlab.launch import _pickling
-from parlab.launch._zygote import _Zygote, _zygote_lock, _zygote_with
+from parlab.launch._zygote import _zygote_lock, _zygote_with
 from parlab.launch.cluster import current_job, run_in_job
 from parlab.launch.errors import (
     LaunchError,
@@ -41,7 +38,14 @@ from parlab.launch.errors import (
 from parlab.launch.plan import BACKENDS, Plan, make_plan
 
 OUTPUTS = ("all", "rank0", "none")
+START_METHODS = ("zygote", "spawn")
 LOCAL_HOST = "127.0.0.1"
+
+
+def default_start_method() -> str:
+    """The zygote where it is safe (Linux); spawn on macOS (forking is unsafe once system frameworks are
+    loaded) and Windows (no fork at all)."""
+    return "zygote" if sys.platform.startswith("linux") else "spawn"
 
 
 # Modules that take seconds to import. When the kernel has imported one, its ranks will likely need it
@@ -56,12 +60,12 @@ def _auto_preloads() -> list[str]:
 
 
 class _Rank:
-    def __init__(self, rank, pid, ctrl, out_fd, err_fd, status_fd):
-        self.rank, self.pid, self.ctrl = rank, pid, ctrl
-        self.fds = {out_fd: 1, err_fd: 2}  # fd -> stream number
+    def __init__(self, rank, proc):
+        self.rank, self.proc = rank, proc  # proc: a _zygote.ForkedRank or a _spawn.SpawnedRank
+        self.pid, self.ctrl = proc.pid, proc.ctrl
         self.partial = {1: b"", 2: b""}
-        self.status_fd = status_fd
-        self.state = "running"  # running | ok | error | unpicklable | dead
+        self.state = "running"  # running | ok | raised | unpicklable | dead
+        self.ready = False  # joined the process group, about to run the function
         self.result = None
         self.error: dict | None = None
         self.exitcode: int | None = None
@@ -75,60 +79,89 @@ class _Launch:
     GRACE = 1.0  # seconds to wait for the root cause once a rank reports a communication failure
     GATHER = 0.2  # seconds to hear from the other ranks once one reports a cause of its own
 
-    def __init__(self, plan: Plan, payload: bytes, output: str):
-        self.plan, self.payload, self.output = plan, payload, output
+    def __init__(self, plan: Plan, payload: bytes, output: str, start_method: str, announce: bool):
+        self.plan, self.payload, self.output, self.start_method = plan, payload, output, start_method
         self.ranks: list[_Rank] = []
-        self.sel = selectors.DefaultSelector()
+        self.sources: dict = {}  # what to wait on -> (rank, "ctrl" | "out" | "exit")
         self.failures: list[_Rank] = []  # in order of arrival
         self.width = len(str(plan.world_size - 1))
         self.closed = False
+        self.store_path: str | None = None
+        self.started_at = time.monotonic()
+        # The zygote's ranks start in milliseconds: say what runs at once. Spawn's take seconds: say so,
+        # measured, once they have started (or at the first thing a rank prints or fails with).
+        self.announce_pending = announce
+        if announce and start_method == "zygote":
+            self.announce()
+
+    def announce(self) -> None:
+        if not self.announce_pending:
+            return
+        self.announce_pending = False
+        line = self.plan.describe()
+        if self.start_method == "spawn":
+            took = time.monotonic() - self.started_at
+            if self.ranks and all(r.ready for r in self.ranks):
+                line += f" · spawn: the ranks took {took:.1f} s to start, each importing torch"
+            else:
+                line += f" · spawn: the ranks are still starting after {took:.1f} s, each importing torch"
+            if default_start_method() == "zygote":
+                line += " (start_method='zygote' starts them in milliseconds)"
+        print(line, flush=True)
 
     # -- starting ------------------------------------------------------------------------------------
-    def start(self, zygote: _Zygote) -> None:
-        import torch.distributed as dist
-
-        timeout = datetime.timedelta(seconds=self.plan.timeout)
-        self.store = dist.TCPStore(LOCAL_HOST, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    def start(self) -> None:
+        fd, self.store_path = tempfile.mkstemp(prefix="parlab-store-")
+        os.close(fd)
         common = {
             "world_size": self.plan.world_size, "backend": self.plan.backend,
             "device_type": self.plan.device_type, "timeout": self.plan.timeout,
-            "threads": self.plan.threads, "store_host": LOCAL_HOST, "store_port": self.store.port,
-            "store_prefix": f"parlab/{uuid.uuid4().hex}", "sys_path": list(sys.path), "cwd": os.getcwd(),
-            "linecache": _cell_sources(), "warning_filters": _warning_filters(), "payload": self.payload,
+            "threads": self.plan.threads, "store_path": self.store_path, "sys_path": list(sys.path),
+            "cwd": os.getcwd(), "linecache": _cell_sources(), "warning_filters": _pickling.warning_filters(),
+            "payload": self.payload,
         }
         base_env = dict(os.environ)
         base_env.update(
             WORLD_SIZE=str(self.plan.world_size), LOCAL_WORLD_SIZE=str(self.plan.world_size),
-            MASTER_ADDR=LOCAL_HOST, MASTER_PORT=str(self.store.port), PARLAB_IN_RANK="1",
-            OMP_NUM_THREADS=str(self.plan.threads), PYTHONUNBUFFERED="1",
+            PARLAB_IN_RANK="1", OMP_NUM_THREADS=str(self.plan.threads), PYTHONUNBUFFERED="1",
         )
         if self.plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in base_env:
             loopback = _loopback_interface()
             if loopback:  # all ranks are on this machine: keep their traffic on loopback
                 base_env["GLOO_SOCKET_IFNAME"] = loopback
-        with _zygote_lock:
+        if self.start_method == "zygote":
+            with _zygote_lock:
+                zygote = _zygote_with(_auto_preloads())
+                for rank in range(self.plan.world_size):
+                    self._add(rank, zygote.spawn())
+        else:
+            from parlab.launch._spawn import SpawnedRank
+
             for rank in range(self.plan.world_size):
-                pid, ctrl, out_fd, err_fd, status_fd = zygote.spawn()
-                r = _Rank(rank, pid, ctrl, out_fd, err_fd, status_fd)
-                self.ranks.append(r)
-                for fd in r.fds:
-                    self.sel.register(fd, selectors.EVENT_READ, (r, "out"))
-                self.sel.register(ctrl, selectors.EVENT_READ, (r, "ctrl"))
-                self.sel.register(status_fd, selectors.EVENT_READ, (r, "status"))
-                device = f"cuda:{rank}" if self.plan.device_type == "cuda" else "cpu"
-                env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank), PARLAB_DEVICE=device)
-                ctrl.send_bytes(pickle.dumps(dict(common, rank=rank, local_rank=rank, env=env),
-                                             protocol=pickle.HIGHEST_PROTOCOL))
+                self._add(rank, SpawnedRank(rank))
+        for r in self.ranks:
+            device = f"cuda:{r.rank}" if self.plan.device_type == "cuda" else "cpu"
+            env = dict(base_env, RANK=str(r.rank), LOCAL_RANK=str(r.rank), PARLAB_DEVICE=device)
+            # A rank that died before reading its spec is reported by its exit, below.
+            _try(r.ctrl.send_bytes, pickle.dumps(dict(common, rank=r.rank, local_rank=r.rank, env=env),
+                                                 protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _add(self, rank: int, proc) -> None:
+        r = _Rank(rank, proc)
+        self.ranks.append(r)
+        for source in proc.outputs:
+            self.sources[source] = (r, "out")
+        self.sources[r.ctrl] = (r, "ctrl")
+        self.sources[proc.exit_event] = (r, "exit")
 
     # -- the event loop ------------------------------------------------------------------------------
-    def _handle(self, key) -> None:
-        r, what = key.data
+    def _handle(self, source) -> None:
+        r, what = self.sources[source]
         if what == "out":
-            fd = key.fileobj
-            data = os.read(fd, 1 << 16)
-            stream = r.fds[fd]
+            data = r.proc.read(source)
+            stream = r.proc.outputs[source]
             if not data:
-                self.sel.unregister(fd)
+                del self.sources[source]
                 if r.partial[stream]:
                     self._emit(r, stream, r.partial[stream])
                     r.partial[stream] = b""
@@ -140,10 +173,15 @@ class _Launch:
             try:
                 kind, body = pickle.loads(r.ctrl.recv_bytes())
             except (EOFError, OSError):
-                self.sel.unregister(r.ctrl)
+                del self.sources[source]
                 return
             if kind == "stack":
                 r.stack = body
+                return
+            if kind == "ready":
+                r.ready = True
+                if all(x.ready for x in self.ranks):
+                    self.announce()
                 return
             r.finished_at = time.monotonic()
             if kind == "ok":
@@ -151,11 +189,10 @@ class _Launch:
             else:
                 r.state, r.error = kind, body
                 self.failures.append(r)
-        elif what == "status":
-            data = os.read(r.status_fd, 4)
-            self.sel.unregister(r.status_fd)
+        elif what == "exit":
+            del self.sources[source]
             r.exited = True
-            r.exitcode = struct.unpack("i", data)[0] if len(data) == 4 else None
+            r.exitcode = r.proc.exit_code()
             if r.state == "running":
                 r.state = "dead"
                 r.finished_at = time.monotonic()
@@ -167,16 +204,17 @@ class _Launch:
             r.last_err.append(text)
         if self.output == "none" or (self.output == "rank0" and r.rank != 0):
             return
+        self.announce()
         target = sys.stdout if stream == 1 else sys.stderr
         target.write(f"[rank {r.rank:>{self.width}}] {text}\n")
 
     def _pump(self, timeout: float) -> None:
-        events = self.sel.select(timeout=max(0.0, timeout))
+        ready = wait(list(self.sources), timeout=max(0.0, timeout))
         # Messages before exits: a rank's report explains its exit.
-        order = {"ctrl": 0, "out": 1, "status": 2}
-        for key, _ in sorted(events, key=lambda e: order[e[0].data[1]]):
-            if key.fileobj in self.sel.get_map():
-                self._handle(key)
+        order = {"ctrl": 0, "out": 1, "exit": 2}
+        for source in sorted(ready, key=lambda s: order[self.sources[s][1]]):
+            if source in self.sources:
+                self._handle(source)
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -190,7 +228,7 @@ class _Launch:
                 break
             if self.failures and decide_at is None:
                 first = self.failures[0]
-                own_cause = first.state in ("dead", "unpicklable") or first.error.get("kind") == "error"
+                own_cause = first.state in ("dead", "unpicklable") or first.error.get("kind") == "own"
                 decide_at = now + (self.GATHER if own_cause else self.GRACE)
             if decide_at is not None and any(self._is_root(r) for r in self.failures):
                 decide_at = min(decide_at, self.failures[0].finished_at + self.GATHER)
@@ -205,10 +243,10 @@ class _Launch:
                 if any(r.stack is not None and r.stack[1] for r in running):
                     raise self._hang()
                 next_probe = time.monotonic() + self.plan.timeout
-            wait = 0.5
+            wait_for = 0.5
             if decide_at is not None:
-                wait = min(wait, decide_at - now)
-            self._pump(wait)
+                wait_for = min(wait_for, decide_at - now)
+            self._pump(wait_for)
         return self._finish()
 
     # -- outcomes ------------------------------------------------------------------------------------
@@ -227,14 +265,14 @@ class _Launch:
 
     @staticmethod
     def _is_root(r: _Rank) -> bool:
-        return r.state in ("dead", "unpicklable") or (r.state == "error" and r.error["kind"] == "error")
+        return r.state in ("dead", "unpicklable") or (r.state == "raised" and r.error["kind"] == "own")
 
     def _statuses(self) -> dict[int, str]:
         out = {}
         for r in self.ranks:
             if r.state == "ok":
                 out[r.rank] = "had returned"
-            elif r.state == "error":
+            elif r.state == "raised":
                 out[r.rank] = f"raised {r.error['type']}: {_first_line(r.error['message'])}"
             elif r.state == "dead":
                 out[r.rank] = describe_exit(r.exitcode)
@@ -247,7 +285,7 @@ class _Launch:
     def _failure(self) -> LaunchError:
         statuses = self._statuses()
         roots = [r for r in self.failures if self._is_root(r)]
-        if not roots and all(r.state == "error" and r.error["kind"] == "timeout" for r in self.failures):
+        if not roots and all(r.state == "raised" and r.error["kind"] == "timeout" for r in self.failures):
             return self._hang()
         r = (roots or self.failures)[0]
         ws = self.plan.world_size
@@ -290,7 +328,7 @@ class _Launch:
             if r.state == "ok":
                 returned.append(r.rank)
                 stacks[r.rank] = f"had returned from its function {now - r.finished_at:.1f} s before"
-            elif r.state == "error":
+            elif r.state == "raised":
                 waited.append(r.rank)
                 stacks[r.rank] = (f"waited in a collective until it timed out "
                                   f"({_gloo_message(r.error['message'])}), at:\n{_indent(r.error['where'])}")
@@ -315,16 +353,12 @@ class _Launch:
     def _stop(self) -> None:
         for r in self.ranks:
             if not r.exited:
-                try:
-                    os.kill(r.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                r.proc.kill()
 
     def _drain(self, deadline: float) -> None:
         """Read what is left of the ranks' output and wait for them to exit; kill stragglers."""
-        while len(self.sel.get_map()) and time.monotonic() < deadline:
-            if all(r.exited for r in self.ranks) and not any(
-                    d[1] == "out" for d in (k.data for k in self.sel.get_map().values())):
+        while self.sources and time.monotonic() < deadline:
+            if all(r.exited for r in self.ranks) and "out" not in {what for _, what in self.sources.values()}:
                 break
             self._pump(min(0.2, deadline - time.monotonic()))
         self._stop()
@@ -335,19 +369,16 @@ class _Launch:
         self.closed = True
         self._stop()
         self._drain(deadline=time.monotonic() + 3.0)
-        for key in list(self.sel.get_map().values()):
-            self.sel.unregister(key.fileobj)
+        self.sources.clear()
         for r in self.ranks:
-            r.ctrl.close()
-            for fd in (*r.fds, r.status_fd):
-                _try(os.close, fd)
-        self.sel.close()
-        if hasattr(self, "store"):
-            del self.store
+            r.proc.close()
+        if self.store_path is not None:
+            _try(os.unlink, self.store_path)
 
 
 def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto", timeout: float = 30.0,
-           output: str = "all", threads: int | None = None, announce: bool = True) -> list:
+           output: str = "all", threads: int | None = None, announce: bool = True,
+           start_method: str | None = None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks with ``torch.distributed`` initialised.
 
     Returns the list of the values each rank returned, indexed by rank (tensors come back on the CPU).
@@ -361,6 +392,10 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
     - ``output``: ``"all"`` prints every rank's lines prefixed with its rank, ``"rank0"`` only rank 0's,
       ``"none"`` nothing.
     - ``threads``: CPU threads per rank; by default the cores are shared out among the ranks.
+    - ``start_method``: ``"zygote"`` forks the ranks from a helper process that has imported torch once
+      (milliseconds; the default on Linux); ``"spawn"`` starts each rank as a fresh Python with
+      ``torch.multiprocessing``'s spawn context (seconds, since each imports torch; the default on macOS
+      and Windows). Both behave the same in every other way.
 
     A rank that raises makes the launch raise :class:`RankError` with that rank's traceback; a rank
     killed by a signal, :class:`RankCrashedError`. In both cases and on interrupt every rank is stopped.
@@ -377,6 +412,7 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
         raise TypeError(f"kwargs must be a dict or None; got {type(kwargs).__name__}")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple or list of positional arguments; got {type(args).__name__}")
+    start_method = _check_start_method(start_method)
     if os.environ.get("PARLAB_IN_RANK"):
         raise RuntimeError("parlab.launch was called inside a rank; launch from the notebook (or script) only")
     job = current_job()
@@ -391,20 +427,32 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
         raise TypeError(f"{getattr(fn, '__name__', 'fn')} or its arguments cannot be sent to the ranks "
                         f"({type(exc).__name__}: {exc}). Functions, classes, tensors and plain values travel; "
                         f"open files, sockets, locks and generators do not.") from None
-    if announce:
-        print(plan.describe(), flush=True)
-    with _zygote_lock:
-        zygote = _zygote_with(_auto_preloads())
-    run = _Launch(plan, payload, output)
+    run = _Launch(plan, payload, output, start_method, announce)
     try:
-        run.start(zygote)
+        run.start()
         return run.run()
     except KeyboardInterrupt:
+        run.announce()
         run.close()  # every rank is gone before the interrupt propagates
         print(f"parlab: interrupted; stopped {plan.world_size} ranks", file=sys.stderr, flush=True)
         raise
+    except BaseException:
+        run.announce()
+        raise
     finally:
         run.close()
+
+
+def _check_start_method(start_method: str | None) -> str:
+    if start_method is None:
+        return default_start_method()
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {', '.join(map(repr, START_METHODS))} or None (this "
+                         f"platform's default, {default_start_method()!r}); got {start_method!r}")
+    if start_method == "zygote" and not hasattr(os, "fork"):
+        raise ValueError("start_method='zygote' forks the ranks, and this platform cannot fork; use "
+                         "start_method='spawn' (the default here)")
+    return start_method
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -414,19 +462,6 @@ def _cell_sources() -> dict:
     """linecache entries with no file behind them (notebook cells), so ranks' tracebacks show the code."""
     return {name: entry for name, entry in list(linecache.cache.items())
             if len(entry) == 4 and (entry[1] is None or name.startswith("<"))}
-
-
-def _warning_filters() -> list:
-    """The caller's warning filters (``warnings.filterwarnings`` in a cell applies on the ranks too);
-    filters naming a warning class defined in the notebook cannot travel and are left out."""
-    travel = []
-    for f in warnings.filters:
-        try:
-            pickle.dumps(f)
-        except Exception:  # noqa: BLE001
-            continue
-        travel.append(f)
-    return travel
 
 
 def _cell_names(text: str) -> str:

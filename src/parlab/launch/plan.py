@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass
 
 BACKENDS = ("auto", "gloo", "nccl")
-# In GPU mode the process group gets both backends: NCCL moves CUDA tensors, gloo any CPU tensor a cell
-# still has (a tensor made without device=parlab.device()), which NCCL alone would refuse.
-GPU_BACKENDS = "cpu:gloo,cuda:nccl"
+# The backend argument of init_process_group in GPU mode: one backend per device type. NCCL moves CUDA
+# tensors, gloo any CPU tensor a cell still has (made without device=parlab.device()), which NCCL alone
+# would refuse.
+GPU_MODE_BACKEND = "cpu:gloo,cuda:nccl"
 
 
 @dataclass(frozen=True)

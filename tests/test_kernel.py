@@ -108,10 +108,11 @@ def test_hang_in_cell_times_out(kernel):
     assert time.monotonic() - start < 15
 
 
-def test_interrupt_stops_every_rank(kernel, tmp_path):
+@pytest.mark.parametrize("start_method", ["zygote", "spawn"])
+def test_interrupt_stops_every_rank(kernel, tmp_path, start_method):
     km, kc = kernel
     code = (f"import os, time\ndef sleeper():\n    open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w')"
-            f".close()\n    time.sleep(600)\nparlab.launch(sleeper, 3)")
+            f".close()\n    time.sleep(600)\nparlab.launch(sleeper, 3, start_method={start_method!r})")
     msg_id = kc.execute(code)
     deadline = time.monotonic() + 60
     while len(os.listdir(tmp_path)) < 3 and time.monotonic() < deadline:
@@ -132,3 +133,65 @@ def test_interrupt_stops_every_rank(kernel, tmp_path):
     reply, out, _, tb, results = run(kc, "parlab.launch(lambda: parlab.rank(), 2)")
     assert reply["status"] == "ok", tb
     assert results == ["[0, 1]"]
+
+
+def test_ranks_import_nothing_from_ipython(kernel):
+    # The kernel's warning filters name a class from IPython; %%ranks cells were pickled with a class from
+    # the magic's module. Either made every rank import IPython (94 modules) on every launch.
+    _, kc = kernel
+    check = "__import__('sys').modules.keys() & {'IPython', 'ipykernel', 'parlab.magic'}"
+    reply, _, _, tb, results = run(kc, f"parlab.launch(lambda: {check}, 2, announce=False)")
+    assert reply["status"] == "ok", tb
+    assert results == ["[set(), set()]"]
+    reply, _, _, tb, results = run(kc, f"%%ranks -n 2 --quiet\n{check}")
+    assert reply["status"] == "ok", tb
+    assert results == ["[set(), set()]"]
+
+
+def test_warning_class_defined_in_a_cell_filters_on_the_ranks(kernel):
+    _, kc = kernel
+    reply, *_ = run(kc, "import warnings\nclass CellWarning(UserWarning):\n    pass\n"
+                        "warnings.filterwarnings('error', category=CellWarning)")
+    assert reply["status"] == "ok"
+    reply, _, _, tb, _ = run(kc, "%%ranks -n 2\nwarnings.warn('made an error by the notebook', CellWarning)")
+    assert reply["ename"] == "RankError" and "CellWarning: made an error by the notebook" in tb
+    reply, *_ = run(kc, "warnings.resetwarnings()")
+    assert reply["status"] == "ok"
+
+
+SPAWN_CELL = """
+class Accumulator:
+    def __init__(self, start):
+        self.total = start
+def make_work(scale):
+    def work():
+        t = torch.ones(1) * (parlab.rank() + 1)
+        dist.all_reduce(t)
+        return Accumulator(t.item() * scale)
+    return work
+results = parlab.launch(make_work(10), 2, start_method="spawn")
+print([a.total for a in results], type(results[0]).__name__)
+"""
+
+
+def test_spawn_runs_cell_functions_closures_and_classes(kernel):
+    _, kc = kernel
+    reply, out, _, tb, _ = run(kc, SPAWN_CELL, timeout=120)
+    assert reply["status"] == "ok", tb
+    first, *rest = out.splitlines()
+    assert first.startswith("parlab: 2 ranks") and "spawn: the ranks took" in first
+    assert rest == ["[30.0, 30.0] Accumulator"]
+    code = "%%ranks -n 2 --start-method spawn\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(Accumulator(t.item()).total)"
+    reply, out, _, tb, _ = run(kc, code, timeout=120)
+    assert reply["status"] == "ok", tb
+    assert sorted(out.splitlines()[1:]) == ["[rank 0] 2.0", "[rank 1] 2.0"]
+
+
+def test_spawn_error_in_cell_shows_rank_and_cell_line(kernel):
+    _, kc = kernel
+    code = ("%%ranks -n 2 --start-method spawn\nif parlab.rank() == 1:\n    raise KeyError('spawned-missing')\n"
+            "dist.barrier()")
+    reply, _, _, tb, _ = run(kc, code, timeout=120)
+    assert reply["status"] == "error" and reply["ename"] == "RankError"
+    assert "rank 1 of 2 raised KeyError: 'spawned-missing'" in tb
+    assert "raise KeyError('spawned-missing')" in tb and "Cell In[" in tb

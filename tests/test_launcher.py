@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +21,7 @@ import torch.distributed as dist
 from conftest import wait_gone
 
 import parlab
+from parlab.launch import launcher as launcher_module
 from parlab.launch import plan as plan_module
 from parlab.launch import preload, shutdown
 from parlab.launch.plan import make_plan
@@ -26,6 +30,19 @@ from parlab.launch.plan import make_plan
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
+
+
+@pytest.fixture(autouse=True, params=["zygote"])
+def start_method(request, monkeypatch):
+    """Every test runs with the zygote; those marked ``@both_start_methods`` run with spawn too."""
+    monkeypatch.setattr(launcher_module, "default_start_method", lambda: request.param)
+    yield request.param
+    assert wait_gone([p.pid for p in multiprocessing.active_children()]) == [], "spawned ranks outlived the launch"
+
+
+# A representative subset (results, objects that travel, output, each kind of failure, orphans): spawn
+# costs seconds a launch.
+both_start_methods = pytest.mark.parametrize("start_method", ["zygote", "spawn"], indirect=True)
 
 
 # -- results, arguments, rank helpers ----------------------------------------------------------------
@@ -54,6 +71,7 @@ class Point:  # a class defined in the caller, used on the ranks and returned
         self.x = x
 
 
+@both_start_methods
 def test_closures_classes_and_kwargs():
     offset = 10
 
@@ -82,11 +100,21 @@ def test_announce_line(capsys):
     assert capsys.readouterr().out.splitlines()[0] == "parlab: 2 ranks · gloo · CPU · 1 CPU thread per rank"
 
 
+def test_spawn_says_what_starting_costs(capsys):
+    parlab.launch(lambda: print("from the function"), 2, start_method="spawn")
+    first, *rest = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"parlab: 2 ranks · gloo · CPU · 1 CPU thread per rank · spawn: the ranks took "
+                        r"\d+\.\d s to start, each importing torch \(start_method='zygote' starts them in "
+                        r"milliseconds\)", first), first
+    assert sorted(rest) == ["[rank 0] from the function", "[rank 1] from the function"]
+
+
 def _warns():
     warnings.warn("a course-specific notice", FutureWarning)
     return [f[0] for f in warnings.filters[:1]]
 
 
+@both_start_methods
 def test_warning_filters_follow_the_caller(capfd):
     parlab.launch(_warns, 2, announce=False)
     assert "a course-specific notice" in capfd.readouterr().err
@@ -96,6 +124,43 @@ def test_warning_filters_follow_the_caller(capfd):
     assert "a course-specific notice" not in capfd.readouterr().err
 
 
+class CourseWarning(UserWarning):  # defined by the caller, as a notebook cell would define it
+    pass
+
+
+def _warns_from_a_module_not_yet_imported(module_name):
+    before = module_name in sys.modules
+    warnings.warn("from the caller's own class", CourseWarning)  # the caller turned these into errors
+    return before
+
+
+def _imports_and_warns(module_name):
+    before = module_name in sys.modules
+    module = __import__(module_name)
+    warnings.warn("from a module the rank imported itself", module.ModuleWarning)
+    return before
+
+
+@both_start_methods
+def test_warning_filters_import_nothing_on_the_ranks(tmp_path, monkeypatch):
+    # IPython's own filter names a class from IPython: unpickling it made every rank import IPython on
+    # every launch. Filters travel as names; a rank imports no module to install one, yet it applies.
+    (tmp_path / "parlab_warnmod.py").write_text("class ModuleWarning(UserWarning):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import parlab_warnmod
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=parlab_warnmod.ModuleWarning)
+        warnings.filterwarnings("error", category=CourseWarning)
+        with pytest.raises(parlab.RankError, match="ModuleWarning: from a module the rank imported itself"):
+            parlab.launch(_imports_and_warns, 2, args=("parlab_warnmod",), announce=False)
+        with pytest.raises(parlab.RankError, match="CourseWarning: from the caller's own class"):
+            parlab.launch(_warns_from_a_module_not_yet_imported, 2, args=("parlab_warnmod",), announce=False)
+        warnings.filterwarnings("ignore", category=parlab_warnmod.ModuleWarning)
+        assert parlab.launch(_imports_and_warns, 2, args=("parlab_warnmod",), announce=False) == [False, False]
+
+
+@both_start_methods
 def test_threads_option_and_environment_follows_the_caller(monkeypatch):
     # The zygote started long ago; the ranks must still see the caller's environment of now.
     monkeypatch.setenv("PARLAB_TEST_VALUE", "from-the-notebook")
@@ -120,6 +185,7 @@ def _chatty():
     os.write(2, f"native-write {r}\n".encode())  # as C++ code would write, past Python
 
 
+@both_start_methods
 def test_output_whole_lines_prefixed(capfd):
     parlab.launch(_chatty, 4, announce=False)
     out, err = capfd.readouterr()
@@ -150,7 +216,8 @@ def _rank1_raises(pid_dir):
     dist.all_reduce(t)  # the others wait here for rank 1, which never comes
 
 
-def test_error_names_rank_and_root_cause(tmp_path):
+@both_start_methods
+def test_error_names_rank_and_root_cause(tmp_path, start_method):
     start = time.monotonic()
     with pytest.raises(parlab.RankError) as info:
         parlab.launch(_rank1_raises, 4, args=(str(tmp_path),), announce=False)
@@ -163,7 +230,8 @@ def test_error_names_rank_and_root_cause(tmp_path):
     assert "Connection closed" not in text and "_worker.py" not in text
     pids = [int(p) for p in os.listdir(tmp_path)]
     assert len(pids) == 4 and wait_gone(pids, 5.0) == []
-    assert time.monotonic() - start < 10
+    if start_method == "zygote":  # spawned ranks spend seconds importing torch first
+        assert time.monotonic() - start < 10
 
 
 def test_every_failing_rank_is_named():
@@ -196,14 +264,15 @@ def _skips_all_reduce():
         dist.all_reduce(t)  # rank 1 never joins
 
 
-def test_hang_becomes_timeout_showing_each_rank():
+@both_start_methods
+def test_hang_becomes_timeout_showing_each_rank(start_method):
     start = time.monotonic()
     with pytest.raises(parlab.RankTimeoutError) as info:
         parlab.launch(_skips_all_reduce, 3, timeout=2, announce=False)
     elapsed = time.monotonic() - start
     err = info.value
     assert isinstance(err, TimeoutError)
-    assert 2 <= elapsed < 10
+    assert 2 <= elapsed and (elapsed < 10 or start_method == "spawn")
     assert "had returned" in err.stacks[1]
     for r in (0, 2):
         assert "dist.all_reduce(t)  # rank 1 never joins" in err.stacks[r]
@@ -248,6 +317,7 @@ def _killed_rank(pid_dir):
     dist.barrier()
 
 
+@both_start_methods
 def test_rank_killed_by_signal(tmp_path):
     with pytest.raises(parlab.RankCrashedError) as info:
         parlab.launch(_killed_rank, 3, args=(str(tmp_path),), announce=False)
@@ -290,6 +360,11 @@ def test_bad_options(kwargs, error, words):
         parlab.launch(lambda: None, 2, **kwargs)
 
 
+def test_bad_start_method():
+    with pytest.raises(ValueError, match="start_method must be one of 'zygote', 'spawn' or None .*got 'fork'"):
+        parlab.launch(lambda: None, 2, start_method="fork")
+
+
 def test_fn_not_callable():
     with pytest.raises(TypeError, match="fn must be callable"):
         parlab.launch(42, 2)
@@ -300,6 +375,7 @@ def test_argument_that_cannot_travel():
         parlab.launch(lambda lock: None, 2, args=(threading.Lock(),))
 
 
+@both_start_methods
 def test_unpicklable_return_names_rank():
     with pytest.raises(parlab.LaunchError, match="rank 1 of 2 returned a value that cannot be pickled"):
         parlab.launch(lambda: threading.Lock() if parlab.rank() == 1 else 0, 2, announce=False)
@@ -379,16 +455,22 @@ ORPHAN_SCRIPT = textwrap.dedent("""
     def sleeper(path):
         open(os.path.join(path, str(os.getpid())), "w").close()
         time.sleep(600)
-    parlab.launch(sleeper, 3, args=(sys.argv[1],), announce=False)
+    if __name__ == "__main__":
+        parlab.launch(sleeper, 3, args=(sys.argv[1],), announce=False, start_method=sys.argv[2])
 """)
 
 
-def test_no_orphans_when_the_caller_is_killed(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, str(tmp_path)])
-    deadline = time.monotonic() + 60
-    while len(os.listdir(tmp_path)) < 3 and time.monotonic() < deadline:
+@both_start_methods
+def test_no_orphans_when_the_caller_is_killed(tmp_path, start_method):
+    script = tmp_path / "orphans.py"  # a file: spawned ranks import the caller's main module again
+    script.write_text(ORPHAN_SCRIPT)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(pid_dir), start_method])
+    deadline = time.monotonic() + 120
+    while len(os.listdir(pid_dir)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
-    pids = [int(p) for p in os.listdir(tmp_path)]
+    pids = [int(p) for p in os.listdir(pid_dir)]
     assert len(pids) == 3
     proc.kill()  # like a kernel that dies: no chance to clean up
     proc.wait()
@@ -413,3 +495,42 @@ def test_a_module_that_starts_a_thread_is_not_preloaded(tmp_path, monkeypatch):
     out = parlab.launch(lambda: "parlab_threaded_mod" in sys.modules, 2, announce=False)
     assert out == [False, False]
     shutdown()
+
+
+NAME_LOOKUP = re.compile(r'"/etc/hosts"|nscd/socket|htons\(53\)')  # files, the name cache, DNS
+
+TCPSTORE_CLIENT = textwrap.dedent("""
+    import datetime, torch.distributed as dist
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False)
+""")
+
+TWO_LAUNCHES = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist, parlab
+    def work():
+        t = torch.ones(1)
+        dist.all_reduce(t)
+    if __name__ == "__main__":
+        for _ in range(2):
+            parlab.launch(work, 2, announce=False, start_method=sys.argv[1])
+""")
+
+
+def _name_lookups(tmp_path, code: str, *args) -> list[str]:
+    """The lines of ``strace`` showing a name lookup by ``code`` or any process it starts."""
+    script, log = tmp_path / "traced.py", tmp_path / "strace.log"
+    script.write_text(code)
+    subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat,connect", "-o", str(log), sys.executable,
+                    str(script), *args], check=True, capture_output=True, timeout=300)
+    return [line for line in log.read_text().splitlines() if NAME_LOOKUP.search(line)]
+
+
+@both_start_methods
+def test_ranks_meet_without_looking_up_names(tmp_path, start_method):
+    """One warm launch in ten used to stall 5 s: a TCPStore client looks up the host name of the store's
+    address (getnameinfo without NI_NUMERICHOST) while connecting, and a resolver that drops the query
+    costs its timeout. The launcher's ranks meet through a FileStore, so no process looks up a name."""
+    if shutil.which("strace") is None or subprocess.run(["strace", "-qq", "true"], capture_output=True).returncode:
+        pytest.skip("needs strace, allowed to trace")
+    assert _name_lookups(tmp_path, TCPSTORE_CLIENT), "strace saw no lookup by a TCPStore client: check the trace"
+    assert _name_lookups(tmp_path, TWO_LAUNCHES, start_method) == []

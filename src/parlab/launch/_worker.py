@@ -176,8 +176,8 @@ def run(ctrl: Connection) -> int:
     try:
         _adopt_kernel_state(spec)
         _init_process_group(spec)
+        channel.send(("ready", None))  # joining is collective: once one rank is ready, all have started
         fn, args, kwargs = _pickling.loads(spec["payload"])
-        channel.send(("ready", None))
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit too, goes to the kernel
         channel.finished = True

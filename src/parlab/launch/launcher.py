@@ -65,7 +65,7 @@ class _Rank:
         self.pid, self.ctrl = proc.pid, proc.ctrl
         self.partial = {1: b"", 2: b""}
         self.state = "running"  # running | ok | raised | unpicklable | dead
-        self.ready = False  # joined the process group, about to run the function
+        self.ready = False  # has joined the process group
         self.result = None
         self.error: dict | None = None
         self.exitcode: int | None = None
@@ -101,7 +101,7 @@ class _Launch:
         line = self.plan.describe()
         if self.start_method == "spawn":
             took = time.monotonic() - self.started_at
-            if self.ranks and all(r.ready for r in self.ranks):
+            if any(r.ready for r in self.ranks):
                 line += f" · spawn: the ranks took {took:.1f} s to start, each importing torch"
             else:
                 line += f" · spawn: the ranks are still starting after {took:.1f} s, each importing torch"
@@ -180,8 +180,7 @@ class _Launch:
                 return
             if kind == "ready":
                 r.ready = True
-                if all(x.ready for x in self.ranks):
-                    self.announce()
+                self.announce()
                 return
             r.finished_at = time.monotonic()
             if kind == "ok":

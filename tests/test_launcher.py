@@ -486,6 +486,23 @@ def test_preload_puts_a_module_in_every_later_rank():
     assert parlab.launch(has_tabnanny, 2, announce=False) == [True, True]
 
 
+def _had_before_importing(name):
+    had = name in sys.modules
+    __import__(name)
+    return had
+
+
+def test_torch_modules_ranks_import_are_imported_once_by_the_zygote(tmp_path, monkeypatch):
+    # torch.utils.model_zoo stands in for torch._dynamo, which DDP and FSDP import when built: after one
+    # launch whose ranks imported it, the zygote imports it before forking, and later ranks start with it.
+    # A module of the learner's own never is: its top-level code would run in the zygote, outside any rank.
+    (tmp_path / "parlab_learner_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, second in (("torch.utils.model_zoo", [True, True]), ("parlab_learner_mod", [False, False])):
+        assert parlab.launch(_had_before_importing, 2, args=(name,), announce=False) == [False, False]
+        assert parlab.launch(_had_before_importing, 2, args=(name,), announce=False) == second, name
+
+
 def test_a_module_that_starts_a_thread_is_not_preloaded(tmp_path, monkeypatch):
     (tmp_path / "parlab_threaded_mod.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")

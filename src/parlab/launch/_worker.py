@@ -169,6 +169,7 @@ def _message_stream(conn: Connection) -> io.TextIOWrapper:
 
 
 def run(ctrl: Connection) -> int:
+    before = set(sys.modules)
     channel = _Channel(ctrl)
     spec = pickle.loads(channel.conn.recv_bytes())
     threading.Thread(target=channel.watch, name="parlab-watch", daemon=True).start()
@@ -181,9 +182,11 @@ def run(ctrl: Connection) -> int:
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit too, goes to the kernel
         channel.finished = True
+        _report_imports(channel, before)
         channel.send(("raised", _error_report(exc, time.monotonic() - started)))
     else:
         channel.finished = True
+        _report_imports(channel, before)
         try:
             channel.send(("ok", _pickling.dumps(value)))
         except Exception as exc:  # noqa: BLE001
@@ -196,6 +199,16 @@ def run(ctrl: Connection) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return 0
+
+
+def _report_imports(channel: _Channel, before: set) -> None:
+    """Tell the kernel which torch modules this rank had to import itself (the first of each new chain),
+    so that the zygote imports them once instead of every rank on every launch. torch's own modules only:
+    importing a learner's module in the zygote would run its top-level code outside any rank."""
+    new = [m for m in set(sys.modules) - before
+           if m.startswith("torch.") and m.rpartition(".")[0] in before and sys.modules[m] is not None]
+    if new:
+        channel.send(("imported", sorted(new)))
 
 
 def _error_report(exc: BaseException, elapsed: float) -> dict:

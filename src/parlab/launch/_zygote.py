@@ -40,13 +40,12 @@ from parlab.launch.errors import LaunchError
 SPAWN = b"S"
 PRELOAD = b"P"
 FDS_PER_SPAWN = 4  # control socket, stdout, stderr, exit-status pipe
-# What every rank needs. Heavier modules (strategies, transformers) are preloaded on request, when the
-# kernel itself uses them (see launcher._auto_preloads).
+# What every rank needs. Heavier modules are preloaded on request, before a launch forks its ranks: those
+# the kernel itself uses (transformers, strategies) and the torch modules earlier ranks had to import
+# themselves (DistributedDataParallel and FSDP import torch._dynamo when built); see launcher.py. Never
+# while idle: a launch arriving during a background import would wait for it.
 BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab", "parlab.launch._worker",
                 "parlab.launch.cell")
-# Imported once the first ranks are on their way, while the zygote is idle: DistributedDataParallel and
-# FSDP import torch._dynamo when they are built, which costs every rank seconds on every launch.
-WARM_LATER = ("torch._dynamo",)
 
 
 def _preload(name: str) -> str:
@@ -87,14 +86,8 @@ def serve(sock: socket.socket) -> None:
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
-    warm_later, spawned = list(WARM_LATER), False
     while True:
-        # Half a second without a request: the launch has all its ranks; use the pause to warm up.
-        events = sel.select(timeout=0.5 if warm_later and spawned else None)
-        if not events and warm_later:
-            _preload(warm_later.pop(0))
-            continue
-        for key, _ in events:
+        for key, _ in sel.select():
             if key.fileobj == wake_r:
                 os.read(wake_r, 4096)
                 _reap(status_fds)
@@ -131,7 +124,6 @@ def serve(sock: socket.socket) -> None:
             for fd in (ctrl_fd, out_fd, err_fd):
                 os.close(fd)
             status_fds[pid] = status_fd
-            spawned = True
             sock.sendall(struct.pack("q", pid))
             _reap(status_fds)  # a child may have exited before its pid was recorded
 

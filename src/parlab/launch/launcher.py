@@ -54,9 +54,15 @@ HEAVY_MODULES = ("transformers", "torch.nn.parallel.distributed", "torch.distrib
                  "torch.distributed.tensor.parallel", "torch.distributed.pipelining")
 
 
+# torch modules that ranks had to import themselves (reported by _worker._report_imports), in order.
+_rank_imports: dict[str, None] = {}
+
+
 def _auto_preloads() -> list[str]:
+    """What the zygote should import before forking: the heavy modules the kernel uses, and the torch
+    modules earlier ranks imported (a cost paid once, at this launch, instead of by every later rank)."""
     return [m for m in list(sys.modules) if m in HEAVY_MODULES
-            or (m.startswith("transformers.models.") and ".modeling_" in m)]
+            or (m.startswith("transformers.models.") and ".modeling_" in m)] + list(_rank_imports)
 
 
 class _Rank:
@@ -181,6 +187,9 @@ class _Launch:
             if kind == "ready":
                 r.ready = True
                 self.announce()
+                return
+            if kind == "imported":
+                _rank_imports.update(dict.fromkeys(body))
                 return
             r.finished_at = time.monotonic()
             if kind == "ok":

@@ -43,6 +43,9 @@ class SpawnedRank:
                                    name=f"parlab-rank-{rank}")
         try:
             self.process.start()
+        except BaseException:
+            self._close_pipes()
+            raise
         finally:
             for end in (ctrl_there, out_there, err_there):
                 end.close()
@@ -66,13 +69,16 @@ class SpawnedRank:
         if self.process.exitcode is None:
             self.process.kill()
 
-    def close(self) -> None:
+    def _close_pipes(self) -> None:
         self.ctrl.close()
         for source in self.outputs:
             try:
                 os.close(source) if isinstance(source, int) else source.close()
             except OSError:
                 pass
+
+    def close(self) -> None:
+        self._close_pipes()
         self.process.join(1.0)
         if self.process.exitcode is not None:
             self.process.close()

@@ -157,6 +157,7 @@ def _summary(times: list[float]) -> dict:
 
 
 def measure(world_sizes=(2, 4), repeats: int = 40, slow_repeats: int = 3) -> dict:
+    load_at_start = os.getloadavg()  # other work on the machine shows in every number
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "worker.py")
@@ -183,6 +184,7 @@ def measure(world_sizes=(2, 4), repeats: int = 40, slow_repeats: int = 3) -> dic
         "repeats": repeats,
         "slow_repeats": slow_repeats,
         "targets": TARGETS,
+        "load_average_at_start": load_at_start,
         "load_average_at_end": os.getloadavg(),
         "rows": rows,
     }

@@ -39,7 +39,6 @@ from parlab.launch.plan import BACKENDS, Plan, make_plan
 
 OUTPUTS = ("all", "rank0", "none")
 START_METHODS = ("zygote", "spawn")
-LOCAL_HOST = "127.0.0.1"
 
 
 def default_start_method() -> str:

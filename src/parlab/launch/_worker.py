@@ -1,6 +1,6 @@
 """What one rank runs: in a process the zygote forked, or one that the spawn start method started.
 
-The kernel sends a plain dict (the *spec*) over the rank's control connection. The rank takes on the
+The kernel sends plain dicts (the *spec*) over the rank's control connection. The rank takes on the
 kernel's environment, ``sys.path``, working directory, warning filters and cell sources (so tracebacks
 show cell lines), joins the process group, tells the kernel it is ready, runs the function and sends back
 its result or its error.
@@ -171,7 +171,8 @@ def _message_stream(conn: Connection) -> io.TextIOWrapper:
 def run(ctrl: Connection) -> int:
     before = set(sys.modules)
     channel = _Channel(ctrl)
-    spec = pickle.loads(channel.conn.recv_bytes())
+    spec = pickle.loads(channel.conn.recv_bytes())  # what all ranks share, then this rank's own part
+    spec.update(pickle.loads(channel.conn.recv_bytes()))
     threading.Thread(target=channel.watch, name="parlab-watch", daemon=True).start()
     started = time.monotonic()
     try:
@@ -194,7 +195,9 @@ def run(ctrl: Connection) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     channel.done.wait()
-    if dist.is_initialized():
+    # Every rank is done and the process ends at once: with gloo, tearing the group down first only costs
+    # time (tens of ms); the OS closes its sockets. NCCL's communicators are destroyed properly.
+    if dist.is_initialized() and spec["backend"] == "nccl":
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -144,12 +144,14 @@ class _Launch:
 
             for rank in range(self.plan.world_size):
                 self._add(rank, SpawnedRank(rank))
+        shared = pickle.dumps(common, protocol=pickle.HIGHEST_PROTOCOL)  # once: it holds the payload
         for r in self.ranks:
             device = f"cuda:{r.rank}" if self.plan.device_type == "cuda" else "cpu"
             env = dict(base_env, RANK=str(r.rank), LOCAL_RANK=str(r.rank), PARLAB_DEVICE=device)
+            own = pickle.dumps({"rank": r.rank, "local_rank": r.rank, "env": env}, protocol=pickle.HIGHEST_PROTOCOL)
             # A rank that died before reading its spec is reported by its exit, below.
-            _try(r.ctrl.send_bytes, pickle.dumps(dict(common, rank=r.rank, local_rank=r.rank, env=env),
-                                                 protocol=pickle.HIGHEST_PROTOCOL))
+            _try(r.ctrl.send_bytes, shared)
+            _try(r.ctrl.send_bytes, own)
 
     def _add(self, rank: int, proc) -> None:
         r = _Rank(rank, proc)

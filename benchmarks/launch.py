@@ -250,7 +250,9 @@ def markdown(result: dict) -> str:
                      f"{r['parlab_kernel_first_s']:.2f} s | {s['median_s']:.3f} s / {s['max_s']:.3f} s | "
                      f"{r['parlab_spawn_kernel']['median_s']:.2f} s | {r['mp_spawn']['median_s']:.2f} s | "
                      f"{r['torchrun']['median_s']:.2f} s |")
-    return "\n".join(lines) + "\n\n" + "".join(f"- {v}\n" for v in verdicts(result))
+    load = (f"\nLoad average (1 min) at start and end: {result['load_average_at_start'][0]:.1f} and "
+            f"{result['load_average_at_end'][0]:.1f} on {result['machine']['cpu_cores']} cores.\n")
+    return "\n".join(lines) + "\n" + load + "\n" + "".join(f"- {v}\n" for v in verdicts(result))
 
 
 def main() -> None:

@@ -9,9 +9,9 @@ from parlab.measure import (
     bus_factor,
     busbw,
     comm_table,
-    ddp_recorder,
     fit_alpha_beta,
     record_comm,
+    record_ddp,
     sweep,
     totals,
 )
@@ -47,16 +47,36 @@ def test_records_every_op_with_nccl_tests_sizes(world_size):
 
 
 def _subgroup():
-    group = dist.new_group([0, 1])
+    group = dist.new_group([1, 2])
     with record_comm() as log:
-        if dist.get_rank() < 2:
+        if dist.get_rank() > 0:
             dist.all_reduce(torch.ones(4), group=group)
-    return [(r.op, r.group_size) for r in log.records]
+    return [(r.op, r.group_size, r.rank, r.group_rank) for r in log.records]
 
 
-def test_group_size_of_a_subgroup():
+def test_group_size_and_ranks_of_a_subgroup():
     results = parlab.launch(_subgroup, world_size=3, timeout=20, output="none", announce=False)
-    assert results == [[("all_reduce", 2)], [("all_reduce", 2)], []]
+    # global rank 2 is rank 1 of the group {1, 2}: both are recorded
+    assert results == [[], [("all_reduce", 2, 1, 0)], [("all_reduce", 2, 2, 1)]]
+
+
+def _ddp_on_a_subgroup():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from parlab.measure import CommLog
+    group = dist.new_group([1, 2])
+    if dist.get_rank() == 0:
+        return []
+    ddp = DDP(torch.nn.Linear(4, 2), process_group=group)
+    log = CommLog()
+    record_ddp(ddp, log)
+    ddp(torch.randn(3, 4)).sum().backward()
+    return [(r.op, r.bytes, r.group_size, r.group_rank) for r in log.records]
+
+
+def test_ddp_hook_records_the_models_group():
+    results = parlab.launch(_ddp_on_a_subgroup, world_size=3, timeout=20, output="none", announce=False)
+    assert results == [[], [("all_reduce", 40, 2, 0)], [("all_reduce", 40, 2, 1)]]
 
 
 def _ddp_step():
@@ -67,7 +87,7 @@ def _ddp_step():
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params
     ddp = DDP(model, bucket_cap_mb=1)
     log = CommLog()
-    ddp.register_comm_hook(log, ddp_recorder)
+    record_ddp(ddp, log)
     ddp(torch.randn(2, 16)).sum().backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     return log.records, grads
@@ -133,7 +153,7 @@ def test_sweep_reports_consistent_bandwidths():
 def test_comm_table_lists_each_rank():
     results = parlab.launch(_every_op, world_size=2, timeout=20, output="none", announce=False)
     from parlab.measure import CommRecord
-    table = comm_table([[CommRecord(op, b, n, 0.001, 0.0) for op, b, n in res] for res in results])
+    table = comm_table([[CommRecord(op, b, n, 0.0, 0.001) for op, b, n in res] for res in results])
     assert "   1  recv" in table and "   0  send" in table
 
 

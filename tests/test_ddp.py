@@ -193,7 +193,7 @@ def test_bytes_per_step_equal_the_model_size(trained):
         params = list(build(task, seed=0)[0].parameters())
         psi = sum(p.numel() for p in params)
         events = per_rank[0][cfg][1]["events"]
-        assert sum(e.nbytes for e in events) == 4 * psi, _label(cfg)
+        assert sum(e.bytes for e in events) == 4 * psi, _label(cfg)
         expected = len(params) if kind == "v1" else len(per_rank[0][cfg][1]["buckets"])
         assert len(events) == expected, f"{_label(cfg)}: one collective per bucket"
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from parlab.checks import positive_int
 from parlab.measure.memory import GB, MemoryEstimate, estimate_memory
 
 INTRA_NODE = ("nvlink", "pcie")  # NVLink/NVSwitch between the GPUs of a node, or only PCIe
@@ -125,9 +126,8 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
     activations (needs a config). Sizes in decimal GB (10⁹ bytes), as GPU vendors state them."""
     _check("intra_node", intra_node, INTRA_NODE)
     _check("inter_node", inter_node, INTER_NODE)
-    for name, value in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+    positive_int("gpus_per_node", gpus_per_node, "GPUs in each node")
+    positive_int("nodes", nodes, "machines")
     if not gpu_memory_gb or gpu_memory_gb <= 0:
         raise ValueError(f"gpu_memory_gb={gpu_memory_gb!r} must be a positive number of GB")
     if isinstance(model, str):

@@ -10,10 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def _positive_int(name: str, value, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int ({what}); got {value!r}")
+from parlab.checks import positive_int
 
 
 class TinyMLP(nn.Module):
@@ -26,7 +23,7 @@ class TinyMLP(nn.Module):
     def __init__(self, d_in: int = 16, hidden: int = 32, d_out: int = 8):
         super().__init__()
         for name, value in (("d_in", d_in), ("hidden", hidden), ("d_out", d_out)):
-            _positive_int(name, value, "a layer width")
+            positive_int(name, value, "a layer width")
         self.d_in, self.d_out = d_in, d_out
         self.inp = nn.Linear(d_in, hidden)
         self.norm = nn.LayerNorm(hidden)
@@ -55,7 +52,7 @@ class ResidualBlock(nn.Module):
 
     def __init__(self, hidden: int = 16):
         super().__init__()
-        _positive_int("hidden", hidden, "a layer width")
+        positive_int("hidden", hidden, "a layer width")
         self.up = nn.Linear(hidden, 4 * hidden)
         self.down = nn.Linear(4 * hidden, hidden)
 
@@ -65,7 +62,7 @@ class ResidualBlock(nn.Module):
 
 def tiny_blocks(num_blocks: int = 4, hidden: int = 16, seed: int = 0) -> nn.Sequential:
     """A stack of :class:`ResidualBlock` whose initial parameters depend only on ``seed``."""
-    _positive_int("num_blocks", num_blocks, "blocks in the stack")
+    positive_int("num_blocks", num_blocks, "blocks in the stack")
     with torch.random.fork_rng(devices=[]):  # CPU generator only: no CUDA context
         torch.manual_seed(seed)
         return nn.Sequential(*[ResidualBlock(hidden) for _ in range(num_blocks)])
@@ -77,7 +74,7 @@ def regression_batch(batch_size: int, d_in: int = 16, d_out: int = 8, seed: int 
     The same ``seed`` gives the same batch in every process, so each rank can build the global batch and
     take its own shard of it.
     """
-    _positive_int("batch_size", batch_size, "examples in the batch")
+    positive_int("batch_size", batch_size, "examples in the batch")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch_size, d_in, generator=g)
     w = torch.randn(d_in, d_out, generator=torch.Generator().manual_seed(12345))  # the same map for all seeds
@@ -96,7 +93,7 @@ def tiny_gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab_size: i
 
     for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head", n_head),
                         ("vocab_size", vocab_size), ("n_positions", n_positions)):
-        _positive_int(name, value, "a GPT-2 config size")
+        positive_int(name, value, "a GPT-2 config size")
     if n_embd % n_head:
         raise ValueError(f"n_embd must be divisible by n_head (each head gets n_embd / n_head dims); "
                          f"got n_embd={n_embd}, n_head={n_head}")
@@ -118,9 +115,9 @@ def token_batch(batch_size: int, seq_len: int = 16, vocab_size: int = 128, seed:
     with an occasional random token mixed in, so the loss of a causal LM falls as it trains. Same seed,
     same batch, in every process.
     """
-    _positive_int("batch_size", batch_size, "sequences in the batch")
-    _positive_int("seq_len", seq_len, "tokens per sequence")
-    _positive_int("vocab_size", vocab_size, "distinct token ids")
+    positive_int("batch_size", batch_size, "sequences in the batch")
+    positive_int("seq_len", seq_len, "tokens per sequence")
+    positive_int("vocab_size", vocab_size, "distinct token ids")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.empty(batch_size, seq_len, dtype=torch.long)
     tokens[:, 0] = torch.randint(vocab_size, (batch_size,), generator=g)
@@ -137,7 +134,7 @@ def shard(batch, rank: int, world_size: int):
     Needs a batch size divisible by ``world_size``: with equal shards, the mean of the ranks' mean losses
     is the global batch's mean loss, which is what makes data parallelism exact.
     """
-    _positive_int("world_size", world_size, "the number of ranks")
+    positive_int("world_size", world_size, "the number of ranks")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in 0..{world_size - 1}; got {rank!r}")
     if isinstance(batch, (tuple, list)):

@@ -108,24 +108,33 @@ def _get(breakdown, part):
 LANES = {"compute": (-0.19, 0.36), "comm": (0.19, 0.36), "idle": (0.0, 0.74)}
 
 
-def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06):
+def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06, ax=None):
     """One row per rank (compute above, communication below), one bar per event, coloured by kind;
-    names shown on bars wide enough (``label_min``: share of the whole span)."""
+    names shown on bars wide enough (``label_min``: share of the whole span). Events of one kind that
+    overlap in time on a rank (asynchronous collectives in flight together) are stacked in thinner
+    sub-lanes, so that none hides another. ``ax``: draw into these axes instead of a new figure."""
     events = list(events)
     ranks = sorted({e.rank for e in events})
-    fig, ax = plt.subplots(figsize=(9, 0.75 * len(ranks) + 1.4))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 0.75 * len(ranks) + 1.4))
+    else:
+        fig = ax.figure
     t0 = min(e.start for e in events)
     span = max(e.end for e in events) - t0 or 1
+    sub = _sub_lanes(events)
     for e in sorted(events, key=lambda e: e.kind != "idle"):  # idle first, underneath
         offset, height = LANES.get(e.kind, (0.0, 0.74))
-        y = ranks.index(e.rank) + offset
+        index, count = sub[id(e)]
+        height /= count
+        y = ranks.index(e.rank) + offset - 0.5 * height * (count - 1) + index * height
         ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=height,
                 color=KIND_COLORS.get(e.kind, "grey"), edgecolor="white", linewidth=0.5)
-        if e.seconds / span > label_min and e.kind != "idle":
+        if e.seconds / span > label_min and e.kind != "idle" and count == 1:
             ax.text((e.start - t0 + e.seconds / 2) / unit, y, e.name, ha="center", va="center",
                     color="white", fontsize=8)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.invert_yaxis()
+    if not ax.yaxis_inverted():
+        ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit_name})")
     shown = [k for k in KIND_COLORS if any(e.kind == k for e in events)]  # no legend entry for nothing
     handles = [Rectangle((0, 0), 1, 1, color=KIND_COLORS[k]) for k in shown]
@@ -133,6 +142,27 @@ def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", la
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def _sub_lanes(events) -> dict:
+    """id(event) -> (sub-lane index, sub-lanes in its lane): greedy interval colouring per (rank, kind)."""
+    out = {}
+    lanes: dict = {}
+    for e in sorted(events, key=lambda e: e.start):
+        lanes.setdefault((e.rank, e.kind), []).append(e)
+    for evs in lanes.values():
+        ends: list[float] = []  # end time of the last event in each sub-lane
+        chosen = []
+        for e in evs:
+            i = next((i for i, end in enumerate(ends) if end <= e.start), len(ends))
+            if i == len(ends):
+                ends.append(e.end)
+            else:
+                ends[i] = e.end
+            chosen.append((e, i))
+        for e, i in chosen:
+            out[id(e)] = (i, len(ends))
+    return out
 
 
 def bandwidth(curves: dict, fit: dict | None = None, title: str = ""):

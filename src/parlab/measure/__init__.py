@@ -7,18 +7,23 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
                 tp_size=, pp_size=, micro_batch=, seq_len=, checkpointing=)`` → ``MemoryEstimate`` (bytes:
                 ``params``, ``grads``, ``optimizer``, ``activations``, ``total``); ``measure_memory(model,
                 optimizer)`` and ``measure_activations(model, *inputs)`` measure the same parts on a rank.
-- comm.py       ``with record_comm(timeline=None) as log:`` records every collective on this thread
-                (op, bytes, group_size, seconds); ``ddp_model.register_comm_hook(log, ddp_recorder)`` for
-                DDP; ``totals(records)``, ``comm_table(records_by_rank)``, ``bus_factor``, ``busbw``.
+- comm.py       ``CommRecord``: one op (op, bytes, group_size, start, end, global rank, group_rank, label),
+                the one record of communication for every strategy; ``with record_comm(timeline=None) as
+                log:`` records every collective on this thread; ``record_ddp(ddp_model, log)`` for
+                PyTorch's DDP; ``on_collective=log`` for the course's strategies (``parlab.parallel``);
+                ``totals(records)``, ``comm_table(records_by_rank)``, ``bus_factor``, ``busbw``.
 - bandwidth.py  ``sweep(op, sizes)`` on every rank → ``BandwidthPoint``s; ``fit_alpha_beta(sizes, seconds)``.
 - timeline.py   ``tl = Timeline()``; ``with tl.span("backward"):``; return ``tl.events``; in the notebook
                 ``merge(results)``, ``idle_gaps(events)``, then ``parlab.plots.gantt(events)``.
+- steptime.py   ``time_alternating({name: step_fn}, rounds, steps)`` on every rank: step times of several
+                implementations timed in alternating rounds; ``summarize(times, reference)`` → medians and
+                paired throughput ratios (chapter 03's DDP comparison, and every benchmark).
 
 A DDP step, recorded for chapter 03 (runs on each rank inside ``parlab.launch``)::
 
-    tl, log = Timeline(), CommLog()
-    log.timeline = tl                               # bucket all-reduces become "comm" spans
-    ddp.register_comm_hook(log, ddp_recorder)
+    tl = Timeline()
+    log = CommLog(timeline=tl)                      # bucket all-reduces become "comm" spans
+    record_ddp(ddp, log)
     with tl.span("forward"):
         loss = ddp(x).sum()
     with tl.span("backward"):
@@ -34,8 +39,9 @@ from parlab.measure.comm import (
     bus_factor,
     busbw,
     comm_table,
-    ddp_recorder,
+    describe_group,
     record_comm,
+    record_ddp,
     totals,
 )
 from parlab.measure.memory import (
@@ -48,6 +54,7 @@ from parlab.measure.memory import (
     measure_activations,
     measure_memory,
 )
+from parlab.measure.steptime import summarize, time_alternating
 from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
 
 __all__ = [
@@ -65,7 +72,7 @@ __all__ = [
     "busbw",
     "comm_table",
     "count_params",
-    "ddp_recorder",
+    "describe_group",
     "estimate_memory",
     "fit_alpha_beta",
     "idle_gaps",
@@ -73,6 +80,9 @@ __all__ = [
     "measure_memory",
     "merge",
     "record_comm",
+    "record_ddp",
+    "summarize",
     "sweep",
+    "time_alternating",
     "totals",
 ]

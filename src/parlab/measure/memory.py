@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from parlab.parallel.topology import Topology
+
 #: Bytes of optimizer state per parameter, for a optimizer kept in fp32 (the master weights are extra).
 OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8, "adamw": 8}
 #: ``fp32``: everything in fp32. ``bf16``/``fp16``: 16-bit weights and grads with fp32 master weights.
@@ -67,11 +69,6 @@ class MemoryEstimate:
 def _check_choice(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}")
-
-
-def _check_positive(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
 
 
 def count_params(model) -> int:
@@ -142,11 +139,7 @@ def estimate_memory(model=None, *, num_params: int | None = None, precision: str
     _check_choice("precision", precision, PRECISIONS)
     _check_choice("optimizer", optimizer, tuple(OPTIMIZER_STATE_BYTES))
     _check_choice("zero_stage", zero_stage, (0, 1, 2, 3))
-    for name, value in (("world_size", world_size), ("tp_size", tp_size), ("pp_size", pp_size)):
-        _check_positive(name, value)
-    if world_size % (tp_size * pp_size):
-        raise ValueError(f"world_size={world_size} must be a multiple of tp_size × pp_size = "
-                         f"{tp_size} × {pp_size}; the data-parallel degree is what remains")
+    dp_size = Topology.infer(world_size, tp=tp_size, pp=pp_size).dp
     if (model is None) == (num_params is None):
         raise ValueError("give exactly one of model= (an nn.Module or transformers config) and num_params=")
     # a transformers model carries its config: activations then need no extra arguments
@@ -156,7 +149,6 @@ def estimate_memory(model=None, *, num_params: int | None = None, precision: str
     elif not isinstance(num_params, int) or num_params < 1:
         raise ValueError(f"num_params={num_params!r} must be a positive integer (Ψ, the parameter count)")
 
-    dp_size = world_size // (tp_size * pp_size)
     psi = num_params / (tp_size * pp_size)  # weights one model-parallel rank holds (even split assumed)
     value = 4 if precision == "fp32" else 2
     state = OPTIMIZER_STATE_BYTES[optimizer] + (0 if precision == "fp32" else 4)  # K; + fp32 master

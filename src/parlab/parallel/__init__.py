@@ -1,9 +1,14 @@
 """``parlab.parallel``: each parallelism strategy from scratch, one short file per strategy.
 
-Every strategy wraps (or transforms) a model written as ordinary single-device code, and takes its
-topology (a process group) as an argument. Chapter 03 teaches ``ddp``.
+Every strategy wraps (or transforms) a model written as ordinary single-device code and takes the process
+*group* it works on as an argument; ``topology.py`` says which group that is for each axis (``dp``, ``tp``,
+``pp``) and ``comm.py`` is the one door every strategy's collectives go through, so that one
+``parlab.measure.CommLog`` can count them all. Chapter 03 teaches ``ddp`` (and ``dp``, DataParallel's data
+flow); chapter 07 composes them on a mesh.
 """
 
-from parlab.parallel.ddp import CommEvent, DDPBuckets, DDPNaive, DDPOverlap
+from parlab.parallel.comm import communicate
+from parlab.parallel.ddp import DDPBuckets, DDPNaive, DDPOverlap
+from parlab.parallel.topology import AXES, Topology
 
-__all__ = ["CommEvent", "DDPNaive", "DDPBuckets", "DDPOverlap"]
+__all__ = ["AXES", "Topology", "communicate", "DDPNaive", "DDPBuckets", "DDPOverlap"]

@@ -1,0 +1,20 @@
+"""Checks for the learner's exercises, by chapter; ``core`` is the checker they all use.
+
+- ``core``: :func:`check_ranks` (a function on N ranks against a reference), :func:`check_function`
+  (plain functions over cases), :func:`first_difference`, :class:`Passed`, :class:`ExerciseFailed`.
+- ``ch00``: :func:`check_mean_over_ranks`.   ``ch01``: :func:`check_zero_memory`.
+- ``ch02``: :func:`check_ring_all_reduce`.   ``ch03``: :func:`check_average_gradients`.
+
+Each check passes the package's reference answer and fails a planted wrong one with a precise message
+(``tests/test_exercises.py``). A new chapter adds its own module here and one import line below.
+"""
+
+from parlab.exercises.ch00 import check_mean_over_ranks
+from parlab.exercises.ch01 import check_zero_memory
+from parlab.exercises.ch02 import check_ring_all_reduce
+from parlab.exercises.ch03 import check_average_gradients, reference_average_gradients
+from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_ranks, first_difference
+
+__all__ = ["ExerciseFailed", "Passed", "check_average_gradients", "check_function", "check_mean_over_ranks",
+           "check_ranks", "check_ring_all_reduce", "check_zero_memory", "first_difference",
+           "reference_average_gradients"]

@@ -1,4 +1,5 @@
 """The ``parlab`` command. ``parlab check``: is this machine ready for the course? (chapter 00)
+``parlab run``: run the chapters headless (see :mod:`parlab.course`). ``parlab export``: see :mod:`parlab.export`.
 
 It prints versions, backends, CPUs, GPUs and how the GPUs are connected (``nvidia-smi topo -m``), then
 runs a 2-rank all-reduce on each backend this machine can use, through the same launcher the
@@ -95,6 +96,24 @@ def check() -> int:
     return 0 if all_ok else 1
 
 
+def run_chapters(args) -> int:
+    from parlab import course
+
+    try:
+        paths = course.chapters(args.chapters, args.notebooks)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"parlab run: {exc}", file=sys.stderr)
+        return 2
+    print(f"parlab run: {len(paths)} chapter(s) from {paths[0].parent}, "
+          f"{'CI' if args.ci else 'default'} parameters, output in {args.output}/", flush=True)
+    results = course.run_course(paths, args.output, ci=args.ci, html=not args.no_html,
+                                cell_timeout=args.cell_timeout, require_gpu=args.require_gpu)
+    course.write_summary(results, args.output)
+    print()
+    print(course.table(results))
+    return 0 if all(r.passed for r in results) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="parlab", description="Parallelism Lab: the course's command line.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,9 +125,25 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("-o", "--output", help="script to write (default: print it)")
     export.add_argument("--world-size", type=int, default=4, help="default number of ranks (default 4)")
     export.add_argument("--args", default="[]", help="positional arguments as a Python list, e.g. '[1000]'")
+    run = sub.add_parser("run", help="run every chapter (or some) top to bottom in a fresh kernel, each in its "
+                                     "own folder; executed notebooks and HTML go to --output")
+    run.add_argument("--chapters", nargs="+", metavar="NN", help="chapters to run, by number or name "
+                                                                  "(default: every NN_*.ipynb)")
+    run.add_argument("--ci", action="store_true", help="use each chapter's CI parameters "
+                                                       "(metadata.parlab.ci_parameters) instead of its defaults")
+    run.add_argument("--output", default="parlab-run", help="folder for executed notebooks, HTML and "
+                                                            "summary.json (default: parlab-run)")
+    run.add_argument("--notebooks", default=None, help="folder holding the chapters (default: the course's "
+                                                       "notebooks/)")
+    run.add_argument("--no-html", action="store_true", help="do not write HTML copies")
+    run.add_argument("--cell-timeout", type=float, default=600, help="seconds one cell may run (default 600)")
+    run.add_argument("--require-gpu", action="store_true", help="fail a chapter none of whose launches ran in "
+                                                                "GPU mode (NCCL): for GPU runners")
     args = parser.parse_args(argv)
     if args.command == "check":
         return check()
+    if args.command == "run":
+        return run_chapters(args)
     if args.command == "export":
         import ast
 

@@ -53,26 +53,59 @@ def _smoke(backend: str, world_size: int = 2) -> tuple[str, bool]:
     return f"{verdict} ({world_size} ranks, {time.perf_counter() - start:.2f} s incl. start-up)", ok
 
 
+def _gpu_rows(gpus: int) -> list[tuple[str, str]]:
+    """Name and memory of each visible GPU. Asked of nvidia-smi where it exists: torch would create a CUDA
+    context on every GPU in this process (hundreds of MiB each), on GPUs other learners may be using."""
+    if not gpus:
+        return []
+    if shutil.which("nvidia-smi"):
+        query = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+        if query.returncode == 0:
+            return [(f"  GPU {line.split(',')[0].strip()}", ",".join(line.split(",")[1:]).strip())
+                    for line in query.stdout.strip().splitlines()]
+    import torch
+
+    return [(f"  cuda:{i}", f"{torch.cuda.get_device_properties(i).name}, "
+                            f"{torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB") for i in range(gpus)]
+
+
+def leases() -> tuple[str, int | None]:
+    """Workshop mode: this session's GPU pool, and who holds each GPU of the machine now (launch/lease.py).
+    Also returns how many GPUs a launch may use, or None when PARLAB_GPUS is invalid."""
+    from parlab.launch import lease
+
+    requested = lease.requested()
+    try:
+        pool = lease.pool()
+    except ValueError as exc:
+        return _table("GPU leases", [("PARLAB_GPUS", f"INVALID: {exc}")]), None
+    held = lease.holders_of(lease.sort_gpus([*(pool or []), *lease.holders_of()]))
+    rows = [("PARLAB_GPUS", f"{requested!r}: launches lease GPUs from {', '.join(pool) or 'none'}" if requested
+             else "unset: launches use every visible GPU, without leasing"),
+            ("lock folder", lease.lock_dir())]
+    rows += [(f"GPU {gpu}", f"held by {lease.describe_holder(h)}" if h else "free") for gpu, h in held.items()]
+    return _table("GPU leases", rows), lease.pool_size()
+
+
 def check() -> int:
     import torch
     import torch.distributed as dist
 
-    from parlab.launch.plan import cpu_count, max_cpu_ranks, visible_gpus
+    from parlab.launch.plan import cpu_count, max_cpu_ranks
 
     print(_table("Versions", [
         ("python", platform.python_version()),
         ("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})"),
         *[(p, _version(p)) for p in ("parlab", "transformers", "jupyterlab", "ipykernel", "cloudpickle")],
     ]))
-    gpus = visible_gpus()
+    gpus = torch.cuda.device_count()
     backends = [("gloo", "available" if dist.is_gloo_available() else "missing"),
                 ("nccl", "available" if dist.is_nccl_available() else "not in this torch build")]
     print(_table("Backends", backends))
     hw = [("platform", platform.platform()), ("CPU cores usable", str(cpu_count())),
           ("CPU ranks allowed", f"up to {max_cpu_ranks()} (PARLAB_MAX_RANKS)"), ("GPUs visible", str(gpus))]
-    for i in range(gpus):
-        p = torch.cuda.get_device_properties(i)
-        hw.append((f"  cuda:{i}", f"{p.name}, {p.total_memory / 2**30:.0f} GiB"))
+    hw += _gpu_rows(gpus)
     print(_table("Hardware", hw))
     if shutil.which("nvidia-smi") and gpus:
         topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
@@ -81,16 +114,18 @@ def check() -> int:
         print("NV# = NVLink (fast GPU-to-GPU); PIX/PXB/PHB/NODE/SYS = through PCIe and the CPU (slower).\n")
     else:
         print("GPU interconnect: no GPUs visible (course runs in CPU mode: gloo, one process per rank)\n")
-    rows, all_ok = [], True
+    lease_table, usable = leases()
+    print(lease_table)
+    rows, all_ok = [], usable is not None
     gloo_result, ok = _smoke("gloo")
     rows.append(("gloo · CPU", gloo_result))
     all_ok &= ok
-    if dist.is_nccl_available() and gpus >= 2:
+    if dist.is_nccl_available() and (usable or 0) >= 2:
         nccl_result, ok = _smoke("nccl")
         rows.append(("nccl · GPU", nccl_result))
         all_ok &= ok
     else:
-        rows.append(("nccl · GPU", f"skipped: needs 2 GPUs, {gpus} visible"))
+        rows.append(("nccl · GPU", f"skipped: needs 2 GPUs, {usable if usable is not None else 'none'} usable"))
     print(_table("Smoke test: all_reduce", rows))
     print("Ready." if all_ok else "Some checks FAILED (see above).")
     return 0 if all_ok else 1

@@ -209,7 +209,7 @@ def sort_gpus(gpus) -> list[str]:
 
 def describe_holder(holder: dict) -> str:
     since = time.strftime("%H:%M:%S", time.localtime(holder["since"])) if "since" in holder else "?"
-    where = f", {holder['notebook']}" if holder.get("notebook") else ""
+    where = f", {os.path.basename(holder['notebook'])}" if holder.get("notebook") else ""
     what = f", {holder['what']}" if holder.get("what") else ""
     return f"{holder.get('user', '?')} (pid {holder.get('pid', '?')}{what}{where}, since {since})"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 
 from parlab import course
 from parlab.export import export_function
-from parlab.launch.plan import Plan
+from parlab.launch import lease
 
 
 def _chapter(folder, name, *cells, ci=None):
@@ -102,17 +103,20 @@ def test_the_course_folder_is_found_from_anywhere(tmp_path, monkeypatch):
     assert course.chapters()[0].name == "00_welcome.ipynb"
 
 
-def test_gpu_mode_is_read_from_the_launch_announcement():
-    # The runner's --require-gpu reads the line every launch prints first: keep the two in step.
-    nccl = Plan(2, "nccl", "cuda", 1, 30.0).describe()
-    gloo = Plan(2, "gloo", "cpu", 1, 30.0).describe()
-    assert course._NCCL_ANNOUNCEMENT.search(f"hello\n{nccl}\n") and not course._NCCL_ANNOUNCEMENT.search(gloo)
-
-
 @pytest.mark.slow
-def test_require_gpu_fails_a_chapter_that_ran_on_cpu(small_course, tmp_path):
+def test_require_gpu_fails_a_chapter_that_would_run_on_cpu(small_course, tmp_path, monkeypatch):
     result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, ci=True, html=False, require_gpu=True)
-    assert not result.passed and "no launch ran in GPU mode" in result.error
+    assert not result.passed and result.seconds == 0.0
+    assert result.error.startswith("not run: world_size=2 would not run in GPU mode here (parlab: 2 ranks · gloo")
+    monkeypatch.setattr(lease, "_torch_device_count", lambda: 4)  # a GPU runner, as far as the plan can tell
+    monkeypatch.delenv("PARLAB_GPUS", raising=False)
+    result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, ci=True, html=False, require_gpu=True)
+    assert result.passed, result.error
+    # without --ci the chapter's own world_size = 4 counts: 4 GPUs suffice, 3 do not
+    assert course.world_size(nbformat.read(small_course / "02_fine.ipynb", as_version=4), {}) == 4
+    monkeypatch.setattr(lease, "_torch_device_count", lambda: 3)
+    result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, html=False, require_gpu=True)
+    assert not result.passed and "world_size=4 would not run in GPU mode" in result.error
 
 
 def test_export_finds_a_chapter_from_any_folder(tmp_path, monkeypatch):
@@ -122,3 +126,19 @@ def test_export_finds_a_chapter_from_any_folder(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"'nowhere.ipynb': no such file in the working folder .*--cwd"):
         export_function("nowhere.ipynb", "total")
     assert os.getcwd() == str(tmp_path)
+
+
+@pytest.mark.slow
+def test_an_interrupt_stops_the_run_and_still_shows_the_table(tmp_path):
+    _chapter(tmp_path, "00_slow", "world_size = 2", "import time\ntime.sleep(600)")
+    _chapter(tmp_path, "01_after", "world_size = 2")
+    run = subprocess.Popen([sys.executable, "-m", "parlab", "run", "--notebooks", str(tmp_path), "--no-html",
+                            "--output", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True, cwd=tmp_path)
+    assert run.stdout.readline().startswith("parlab run: 2 chapter(s)")
+    assert run.stdout.readline().strip() == "[1/2] 00_slow ..."  # it has begun the chapter
+    run.send_signal(signal.SIGINT)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 1
+    assert "| 00_slow | FAILED |" in out.replace("  ", "") and "00_slow: interrupted" in out
+    assert "01_after" not in out

@@ -10,18 +10,15 @@ notebooks folder holds are the course: a new chapter joins by being there.
 
 from __future__ import annotations
 
+import ast
 import json
 import pathlib
-import re
 import time
 from dataclasses import dataclass
 
 import nbformat
 
 CHAPTER_GLOB = "[0-9][0-9]_*.ipynb"
-# A launch announces its plan in its first line (launch.plan.Plan.describe); a chapter ran in GPU mode
-# when one of its launches says NCCL.
-_NCCL_ANNOUNCEMENT = re.compile(r"^parlab: \d+ ranks? · nccl · ", re.M)
 
 
 def notebooks_dir() -> pathlib.Path:
@@ -59,6 +56,18 @@ def ci_parameters(notebook: nbformat.NotebookNode) -> dict:
     return dict(notebook.metadata.get("parlab", {}).get("ci_parameters", {}))
 
 
+def world_size(notebook: nbformat.NotebookNode, parameters: dict) -> int | None:
+    """The ``world_size`` a chapter runs with: the injected one, else its parameters cell's."""
+    if "world_size" in parameters:
+        return parameters["world_size"]
+    for cell in notebook.cells:
+        if "parameters" in cell.metadata.get("tags", []):
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "world_size" for t in node.targets):
+                    return ast.literal_eval(node.value)
+    return None
+
+
 @dataclass
 class ChapterResult:
     chapter: str  # the notebook's stem, e.g. "00_welcome"
@@ -66,15 +75,15 @@ class ChapterResult:
     seconds: float
     error: str = ""  # what failed: the cell (In [N] of the executed copy) and its exception's first line
     output: pathlib.Path | None = None  # the executed notebook
-    gpu: bool = False  # at least one launch ran on NCCL
 
 
 def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_timeout: float = 600,
                 progress: bool | dict = False, require_gpu: bool = False) -> ChapterResult:
     """Execute one chapter in its own folder; write the executed notebook (and HTML) to ``output_dir``.
 
-    Never raises for a failing chapter: the result says what failed. ``require_gpu``: a chapter none of
-    whose launches ran in GPU mode (NCCL) fails, so a GPU runner cannot pass by quietly falling back to CPU.
+    Never raises for a failing chapter: the result says what failed. ``require_gpu``: a chapter whose
+    ``world_size`` would not run in GPU mode here (NCCL, one GPU per rank) fails without running, so a
+    GPU runner cannot pass by quietly falling back to CPU.
     """
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -83,8 +92,17 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
     output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     out = output_dir / path.name
-    parameters = ci_parameters(nbformat.read(path, as_version=4)) if ci else {}
+    notebook = nbformat.read(path, as_version=4)
+    parameters = ci_parameters(notebook) if ci else {}
     start = time.monotonic()
+    if require_gpu:
+        from parlab.launch import make_plan
+
+        ranks = world_size(notebook, parameters) or 2
+        plan = make_plan(ranks, "auto")
+        if plan.backend != "nccl":
+            return ChapterResult(path.stem, False, 0.0, f"not run: world_size={ranks} would not run in GPU mode "
+                                 f"here ({plan.describe()})")
     error = ""
     try:
         papermill.execute_notebook(
@@ -97,12 +115,9 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
     except Exception as exc:  # noqa: BLE001 - a dead kernel, a cell timeout: reported as the chapter's failure
         error = f"{type(exc).__name__}: {_first_line(str(exc))}"
     seconds = time.monotonic() - start
-    gpu = out.exists() and bool(_NCCL_ANNOUNCEMENT.search(_stream_text(out)))
-    if not error and require_gpu and not gpu:
-        error = "no launch ran in GPU mode (NCCL); see the executed notebook's first launch line"
     if html and out.exists():
         _write_html(out)
-    return ChapterResult(path.stem, not error, seconds, error, out if out.exists() else None, gpu)
+    return ChapterResult(path.stem, not error, seconds, error, out if out.exists() else None)
 
 
 def run_course(paths, output_dir, *, ci: bool = False, html: bool = True, cell_timeout: float = 600,
@@ -115,8 +130,13 @@ def run_course(paths, output_dir, *, ci: bool = False, html: bool = True, cell_t
         # echoed below carry the progress there.
         progress = {"desc": label, "disable": None, "leave": False} if show_progress else False
         echo(f"{label} ...", flush=True)
-        result = run_chapter(path, output_dir, ci=ci, html=html, cell_timeout=cell_timeout, progress=progress,
-                             require_gpu=require_gpu)
+        started = time.monotonic()
+        try:
+            result = run_chapter(path, output_dir, ci=ci, html=html, cell_timeout=cell_timeout,
+                                 progress=progress, require_gpu=require_gpu)
+        except KeyboardInterrupt:  # stop here, but still show what ran
+            results.append(ChapterResult(path.stem, False, time.monotonic() - started, "interrupted"))
+            break
         echo(f"{label} {'passed' if result.passed else 'FAILED'} in {result.seconds:.1f} s"
              + (f": {result.error}" if result.error else ""), flush=True)
         results.append(result)
@@ -138,16 +158,11 @@ def table(results: list[ChapterResult]) -> str:
 
 def write_summary(results: list[ChapterResult], output_dir) -> pathlib.Path:
     """``summary.json`` beside the executed notebooks, for CI to read or keep."""
+    pathlib.Path(output_dir).mkdir(parents=True, exist_ok=True)
     path = pathlib.Path(output_dir) / "summary.json"
     path.write_text(json.dumps([{"chapter": r.chapter, "passed": r.passed, "seconds": round(r.seconds, 2),
-                                 "error": r.error, "gpu": r.gpu} for r in results], indent=1) + "\n")
+                                 "error": r.error} for r in results], indent=1) + "\n")
     return path
-
-
-def _stream_text(notebook_path: pathlib.Path) -> str:
-    nb = nbformat.read(notebook_path, as_version=4)
-    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-                     if o.get("output_type") == "stream")
 
 
 def _write_html(notebook_path: pathlib.Path) -> None:

@@ -181,3 +181,11 @@ def test_check_fails_on_a_malformed_pool(box, monkeypatch):
     monkeypatch.setenv("PARLAB_GPUS", "1,1")
     text, usable = cli.leases()
     assert usable is None and "INVALID" in text
+
+
+def test_a_lock_file_nobody_may_write_is_named(box, tmp_path):
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    (folder / "gpu-0.lock").symlink_to(tmp_path / "elsewhere")  # never followed, nor truncated
+    with pytest.raises(LaunchError, match=r"cannot open the GPU lock file .*gpu-0.lock .*PARLAB_GPU_LOCKS"):
+        lease.acquire(1, env=dict(box, PARLAB_GPUS="0"), wait=0)

@@ -236,14 +236,19 @@ def _make_lock_dir(folder: str) -> None:
 def _try_lock(path: str) -> int | None:
     """An fd holding an exclusive flock on ``path``, or None when another process holds it."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # a planted symlink must not make us truncate its target
-    except FileNotFoundError:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-            with contextlib.suppress(PermissionError):
-                os.fchmod(fd, 0o666)  # the umask would keep other learners from recording themselves
-        except FileExistsError:  # another learner created it a moment ago; open theirs (in a sticky
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # folder, O_CREAT on another's file is refused)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # a planted symlink must not make us truncate its target
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+                with contextlib.suppress(PermissionError):
+                    os.fchmod(fd, 0o666)  # the umask would keep other learners from recording themselves
+            except FileExistsError:  # another learner created it a moment ago; open theirs (in a sticky
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # folder, O_CREAT on another's file is refused)
+    except OSError as exc:
+        raise LaunchError(f"cannot open the GPU lock file {path} ({exc.strerror}): every learner must be able to "
+                          f"write it. Its owner can `chmod 666` it, or set PARLAB_GPU_LOCKS to a folder everyone "
+                          f"can write (mode 1777).") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

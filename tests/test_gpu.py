@@ -84,3 +84,25 @@ def test_nccl_hang_is_reported():
     with pytest.raises(parlab.RankTimeoutError) as info:
         parlab.launch(skip, 2, timeout=5)
     assert "had returned" in info.value.stacks[1]
+
+
+def _which_gpu():
+    import os
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), str(torch.cuda.get_device_properties(parlab.device()).uuid)
+
+
+@needs_two
+def test_a_leased_launch_avoids_a_held_gpu(tmp_path, monkeypatch):
+    """Workshop mode: with PARLAB_GPUS=auto a launch takes GPUs no other launch holds, and sees only those."""
+    from parlab.launch import lease
+
+    monkeypatch.setenv("PARLAB_GPUS", "auto")
+    monkeypatch.setenv("PARLAB_GPU_LOCKS", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with lease.acquire(1, wait=0) as other:  # another learner holds the first GPU
+        assert other.gpus == ["0"]
+        (visible, uuid), = parlab.launch(_which_gpu, 1)
+    assert visible == "1"
+    assert uuid != str(torch.cuda.get_device_properties(0).uuid)
+    assert set(lease.holders_of(folder=str(tmp_path)).values()) == {None}  # the launch let go of GPU 1

@@ -28,7 +28,7 @@ import time
 import uuid
 import warnings
 
-from parlab.launch import _pickling
+from parlab.launch import _pickling, lease
 from parlab.launch._zygote import _Zygote, _zygote_lock, _zygote_with
 from parlab.launch.cluster import current_job, run_in_job
 from parlab.launch.errors import (
@@ -82,11 +82,14 @@ class _Launch:
         self.failures: list[_Rank] = []  # in order of arrival
         self.width = len(str(plan.world_size - 1))
         self.closed = False
+        self.gpus = lease.Lease()  # the GPUs this launch holds (none on CPU, or without PARLAB_GPUS)
 
     # -- starting ------------------------------------------------------------------------------------
     def start(self, zygote: _Zygote) -> None:
         import torch.distributed as dist
 
+        if self.plan.device_type == "cuda":  # on a shared machine, GPUs no other launch holds (lease.py)
+            self.gpus = lease.acquire(self.plan.world_size, what=f"{self.plan.world_size} ranks")
         timeout = datetime.timedelta(seconds=self.plan.timeout)
         self.store = dist.TCPStore(LOCAL_HOST, 0, is_master=True, wait_for_workers=False, timeout=timeout)
         common = {
@@ -102,6 +105,7 @@ class _Launch:
             MASTER_ADDR=LOCAL_HOST, MASTER_PORT=str(self.store.port), PARLAB_IN_RANK="1",
             OMP_NUM_THREADS=str(self.plan.threads), PYTHONUNBUFFERED="1",
         )
+        base_env.update(self.gpus.env)
         if self.plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in base_env:
             loopback = _loopback_interface()
             if loopback:  # all ranks are on this machine: keep their traffic on loopback
@@ -335,6 +339,7 @@ class _Launch:
         self.closed = True
         self._stop()
         self._drain(deadline=time.monotonic() + 3.0)
+        self.gpus.release()  # every rank has exited: the GPUs are free again
         for key in list(self.sel.get_map().values()):
             self.sel.unregister(key.fileobj)
         for r in self.ranks:

@@ -38,19 +38,16 @@ PNG = b"\x89PNG\r\n\x1a\n"
 RUN_ALL_S = 300      # Run All of chapter 01 with its CI parameters, on a busy 2-core machine
 UPDATE_MS = 60_000   # one move of a control until its chart arrives
 
-pytestmark = pytest.mark.slow
-
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's Chromium under Playwright; skips without them, fails under CI."""
+def require_browser() -> str:
+    """Chromium's path, once Playwright and Chromium are both there; else skip, or fail when CI is set."""
     missing = []
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError:
         missing.append("the playwright package (pip install playwright)")
     chromium = shutil.which("chromium")
@@ -61,6 +58,15 @@ def browser():
         if _in_ci():
             pytest.fail(message + "; CI is set, so this is a failure, not a skip")
         pytest.skip(message)
+    return chromium
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium under Playwright."""
+    chromium = require_browser()
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         yield b
@@ -89,7 +95,7 @@ def lab(tmp_path_factory):
     log = open(base / "server.log", "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        url = _server_info(base / "runtime", server, base / "server.log")["url"].rstrip("/")
+        url = _server_url(base / "runtime", server, base / "server.log", token)
         # The notebook's kernel, started here: JupyterLab then attaches to it. Left to the page, a fresh
         # JupyterLab sometimes asks "Select Kernel" (when the notebook opens before the kernel specs load).
         request = urllib.request.Request(
@@ -109,20 +115,22 @@ def lab(tmp_path_factory):
         log.close()
 
 
-def _server_info(runtime: pathlib.Path, server, log: pathlib.Path) -> dict:
-    """The server's own description of itself (``jpserver-PID.json``), once it is listening."""
+def _server_url(runtime: pathlib.Path, server, log: pathlib.Path, token: str) -> str:
+    """The server's URL, from its own description of itself (``jpserver-PID.json``), once it answers."""
     path = runtime / f"jpserver-{server.pid}.json"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if server.poll() is not None:
             pytest.fail(f"JupyterLab exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except json.JSONDecodeError:
-                pass  # being written
+        try:
+            url = json.loads(path.read_text())["url"].rstrip("/")
+            request = urllib.request.Request(f"{url}/api/status", headers={"Authorization": f"token {token}"})
+            urllib.request.urlopen(request, timeout=10).close()
+            return url
+        except (OSError, ValueError, KeyError):
+            pass  # not written yet, or not answering yet
         time.sleep(0.2)
-    pytest.fail(f"JupyterLab did not start within 120 s:\n{log.read_text()[-3000:]}")
+    pytest.fail(f"JupyterLab did not answer within 120 s:\n{log.read_text()[-3000:]}")
 
 
 def pngs_in(frame: bytes) -> list[bytes]:
@@ -210,6 +218,15 @@ class Tool:
             self.page.wait_for_timeout(100)  # lets Playwright deliver the websocket frames meanwhile
 
 
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_browser_fails_under_ci_and_skips_otherwise(monkeypatch, ci, outcome):
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(outcome, match="chromium on the PATH"):
+        require_browser()
+
+
+@pytest.mark.slow
 def test_chapter_01_strategy_tool_in_chromium(browser, lab):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -220,11 +237,14 @@ def test_chapter_01_strategy_tool_in_chromium(browser, lab):
         old.unlink()
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     charts: list[bytes] = []
+    sent: list[bytes] = []  # what the page sent the kernel
 
     def on_websocket(ws):
         if "/channels" in ws.url:  # the kernel's
             ws.on("framereceived", lambda payload: charts.extend(pngs_in(payload))
                   if isinstance(payload, bytes) else None)
+            ws.on("framesent", lambda payload: sent.append(payload if isinstance(payload, bytes)
+                                                             else payload.encode()))
 
     page.on("websocket", on_websocket)
     # JupyterLab's first-start question about news, in a corner of the page: answer it if it is in the way
@@ -323,9 +343,16 @@ def test_chapter_01_strategy_tool_in_chromium(browser, lab):
     tool.root.screenshot(path=ARTIFACTS / "9_burst.png")
     page.screenshot(path=ARTIFACTS / "page.png", full_page=False)
 
+    # the widget messages really went over a kernel subshell (JupyterLab's default), so the tool's
+    # callbacks ran on another thread than the cells
+    assert any(b'"create_subshell_request"' in f for f in sent), "JupyterLab created no kernel subshell"
+    comm_msgs = [f for f in sent if b'"comm_msg"' in f]
+    assert comm_msgs and all(b'"subshell_id"' in f for f in comm_msgs), "widget messages not over a subshell"
+
     broken = [i for i, png in enumerate(charts) if not whole(png)]
     for i in broken:
         (ARTIFACTS / f"broken_chart_{i}.png").write_bytes(charts[i])
     assert not broken, f"{len(broken)} of {len(charts)} charts the kernel sent are not whole: see {ARTIFACTS}"
     assert len(charts) >= len(moves) + 4
+    print(f"{len(charts)} charts from the tool, all whole; {len(comm_msgs)} widget messages over a subshell")
     page.close()

@@ -7,12 +7,15 @@
 - :func:`bandwidth`      time, algbw and busbw against message size, with an α-β fit (chapter 02)
 
 Each returns the matplotlib ``Figure``; end the notebook line with ``;`` so it is drawn once.
+``memory_bars(..., pyplot=False)`` makes a plain ``Figure`` that pyplot never sees: a widget callback,
+which JupyterLab's kernel subshells run on another thread than the cells, draws that way.
 """
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 KIND_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#D9D9D9"}
@@ -63,12 +66,18 @@ def _as_list(t):
 
 
 def memory_bars(breakdowns: dict, title: str = "", unit: float = 1e9, unit_name: str = "GB",
-                limit: float | None = None, limit_label: str = "GPU memory", ymax: float | None = None):
+                limit: float | None = None, limit_label: str = "GPU memory", ymax: float | None = None,
+                pyplot: bool = True):
     """Stacked bars, one per label: ``breakdowns = {label: {"params": bytes, "grads": …}}`` (or objects
     with ``as_dict()``). ``limit``: bytes, drawn as a dashed line (a GPU's memory). ``ymax``: bytes; taller
-    bars are cut there and marked with their total and an arrow, so that small bars stay readable."""
+    bars are cut there and marked with their total and an arrow, so that small bars stay readable.
+    ``pyplot=False``: a plain ``Figure``, outside pyplot's open figures (safe off the main thread)."""
     labels = list(breakdowns)
-    fig, ax = plt.subplots(figsize=(min(13, max(4.5, 1.0 * len(labels) + 2.5)), 4.2))
+    figsize = (min(13, max(4.5, 1.0 * len(labels) + 2.5)), 4.2)
+    # pyplot's list of open figures is global: the inline backend shows and closes all of them after
+    # each cell, from the main thread, even one another thread is still drawing
+    fig = plt.figure(figsize=figsize) if pyplot else Figure(figsize=figsize)
+    ax = fig.subplots()
     bottom = np.zeros(len(labels))
     for part, color in MEMORY_COLORS.items():
         heights = np.array([_get(breakdowns[k], part) / unit for k in labels])

@@ -340,3 +340,36 @@ def test_zero_bubble_and_dualpipe_schedules_run_on_gloo():
         for r in out:
             assert r[1] == r[2], kind
         assert any(name.startswith("W") for name in out[0][1])
+
+
+def test_the_simulator_shows_what_ran(trained):
+    """Chapter 06's simulator widget draws, for every setting that ran, the order each rank recorded."""
+    from parlab import widgets
+
+    n, cfgs, per_rank = trained
+    for who, task, name in cfgs:
+        if who == "ours" and task == "mlp":
+            view = widgets.pipeline_view(name, n, 1 if name == "naive" else M, 2)
+            for r in range(n):
+                assert per_rank[r][who, task, name]["order"] == view.schedule.names(r), (name, r)
+
+
+def test_simulator_and_plot_draw_without_pyplot():
+    """The widget's figure is a plain Figure rendered to PNG: nothing lands in pyplot's global state, so a
+    callback on another thread cannot disturb (or be disturbed by) the notebook's figures."""
+    import matplotlib.pyplot as plt
+
+    from parlab import plots, widgets
+
+    before = plt.get_fignums()
+    view = widgets.pipeline_view("interleaved", 4, 8, 2)
+    assert view.schedule == ps.interleaved_1f1b(4, 8, 2)
+    assert view.bubble == pytest.approx(ps.bubble_formula(4, 8, 2))
+    assert view.peaks == [5.5, 4.5, 3.5, 2.5]
+    box = widgets.pipeline_simulator(p=2, m=4)
+    controls, sizes, text, image = box.children
+    assert image.value[:8] == b"\x89PNG\r\n\x1a\n" and "1F1B, p=2, m=4" in text.value
+    controls.children[0].value, sizes.children[1].value = "interleaved 1F1B", 5  # m=5: no whole rounds
+    assert "cannot build this schedule" in text.value and "multiple of the number of rounds" in text.value
+    fig = plots.pipeline(ps.simulate(ps.gpipe(2, 2)))
+    assert len(fig.axes) == 1 and plt.get_fignums() == before

@@ -126,7 +126,7 @@ class Pipeline:
                     if s > 0:
                         self._ready["grad", s, k] = x.grad
         sends += self._exchange(self.plan[-1])
-        for w in sends:
+        for w, _ in sends:
             w.wait()
         if kept or self._ready:
             raise RuntimeError(f"schedule {self.schedule.name!r} left work undone on rank {self.rank}: "
@@ -146,7 +146,7 @@ class Pipeline:
 
     def _exchange(self, batch) -> list:
         """Send what ``batch`` sends and receive what it receives, as one batch; wait for the receives.
-        Returns the sends' waitables, to be waited for at the end of the step."""
+        Returns the sends' (waitable, tensor) pairs, to be waited for at the end of the step."""
         messages = []
         for msg in batch:
             key = (msg.what, msg.stage, msg.micro_batch)
@@ -159,7 +159,8 @@ class Pipeline:
         for w, msg in zip(waits, batch):
             if not msg.send:
                 w.wait()
-        return [w for w, msg in zip(waits, batch) if msg.send]
+        # a send's tensor must outlive the send: keep it with its waitable until the end of the step
+        return [(w, tensor) for w, msg, (_, tensor, _, _) in zip(waits, batch, messages) if msg.send]
 
 
 # -- cutting a model into stages ---------------------------------------------------------------------------
@@ -228,10 +229,16 @@ def record_stage(stage, timeline, tracker=None, with_stage: bool = False):
     """Make a ``torch.distributed.pipelining`` stage record each forward (``F3``), backward (``B3``), input
     gradient (``I3``) and weight gradient (``W3``) on ``timeline``, named as our schedules name them
     (``F3s5`` with ``with_stage``), and keep ``tracker`` active during its forwards. It wraps the stage
-    object's own methods, so any of PyTorch's schedules can be recorded and drawn beside ours."""
+    object's own methods, so any of PyTorch's schedules can be recorded and drawn beside ours. Called
+    again, it records into the new timeline instead; ``timeline=None`` stops recording."""
     s = stage.stage_index
     suffix = f"s{s}" if with_stage else ""
-    forward, backward, weight = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+    if not hasattr(stage, "_unrecorded"):
+        stage._unrecorded = (stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk)
+    forward, backward, weight = stage._unrecorded
+    if timeline is None:
+        stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk = stage._unrecorded
+        return stage
 
     @functools.wraps(forward)
     def forward_one_chunk(chunk, *args, **kwargs):

@@ -472,3 +472,21 @@ def recorded_ops(events, rank: int) -> list[str]:
     """The names of ``rank``'s compute operations in a timeline, in the order they started."""
     return [e.name for e in sorted(events, key=lambda e: e.start) if e.rank == rank and e.kind == "compute"
             and _NAME.match(e.name)]
+
+
+def measured_costs(events, schedule: Schedule) -> dict:
+    """From a recorded timeline, each rank's median duration of each kind of operation, as :func:`simulate`
+    takes them (kind → one time per rank, for the rank's whole share of the model). Simulating the schedule
+    with them gives the step it would take if messages were instant and nothing else ran on the machine."""
+    import statistics
+
+    costs: dict = {}
+    for kind in sorted({op.kind for ops in schedule.ops for op in ops}):
+        per_rank = []
+        for r in range(schedule.num_ranks):
+            times = [e.seconds for e in events if e.rank == r and e.kind == "compute" and e.name.startswith(kind)]
+            if not times:
+                raise ValueError(f"the timeline has no {kind} operation on rank {r}")
+            per_rank.append(statistics.median(times) * schedule.stages_per_rank)
+        costs[kind] = per_rank
+    return costs

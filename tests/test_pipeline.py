@@ -373,3 +373,34 @@ def test_simulator_and_plot_draw_without_pyplot():
     assert "cannot build this schedule" in text.value and "multiple of the number of rounds" in text.value
     fig = plots.pipeline(ps.simulate(ps.gpipe(2, 2)))
     assert len(fig.axes) == 1 and plt.get_fignums() == before
+
+
+def test_bad_pipeline_input_is_named():
+    def run(case):
+        rank = parlab.rank()
+        schedule = ps.one_f_one_b(2, 4)
+        stages = split_sequential(tiny_blocks(2, HIDDEN), 2)
+        if case == "modules":
+            Pipeline(stages, schedule, activation_shape=(2, HIDDEN))
+        pipe = Pipeline([stages[rank]], schedule, activation_shape=(2, HIDDEN))
+        x, y = regression_batch(6 if case == "split" else 8, HIDDEN, HIDDEN)
+        pipe.step(None if case == "inputs" else x, y)
+
+    for case, message in (("modules", r"rank \d holds stages \[\d\].*pass 1 module\(s\), got 2"),
+                          ("inputs", "rank 0 holds stage 0: pass inputs= to step"),
+                          ("split", "6 examples, which do not split into num_micro_batches=4")):
+        with pytest.raises(parlab.RankError, match=message):
+            parlab.launch(run, world_size=2, args=(case,), timeout=30, output="none", announce=False)
+    zb = ps.Schedule("zb", 1, 1, 1, [[ps.Op("F", 0, 0), ps.Op("I", 0, 0), ps.Op("W", 0, 0)]])
+    with pytest.raises(parlab.RankError, match="has I, W operations: this executor runs F and B"):
+        parlab.launch(lambda: Pipeline([tiny_blocks(1)], zb, activation_shape=(1,)), world_size=1, timeout=30,
+                      output="none", announce=False)
+
+
+def test_benchmark_pairs_each_schedule_with_pytorchs():
+    from parlab.bench.pipeline import summary
+
+    times = {f"{who} {name}": [1.0, 4.0, 1.0] if who == "torch" else [1.25, 5.0, 1.25]
+             for who in ("ours", "torch") for name in ("gpipe", "1f1b", "interleaved")}
+    out = summary(times)
+    assert out["1f1b"]["throughput_vs_torch"] == pytest.approx(0.8) and out["gpipe"]["torch_s"] == 1.0

@@ -404,3 +404,25 @@ def test_benchmark_pairs_each_schedule_with_pytorchs():
              for who in ("ours", "torch") for name in ("gpipe", "1f1b", "interleaved")}
     out = summary(times)
     assert out["1f1b"]["throughput_vs_torch"] == pytest.approx(0.8) and out["gpipe"]["torch_s"] == 1.0
+
+
+def test_runs_on_the_pp_group_of_a_mesh():
+    """Chapter 07 gives the pipeline ``Topology.group("pp")``: here 4 ranks as 2 pipelines of 2 stages
+    (pp=2, dp=2), each pipeline on its own group, whose in-group ranks are not the global ones."""
+
+    def run():
+        from parlab.parallel.topology import Topology
+
+        topo = Topology.build(pp=2)
+        group, stage = topo.group("pp"), topo.coord("pp")
+        schedule = ps.one_f_one_b(2, M)
+        model, stages, x, y, loss_fn, shape = build("mlp", 2)
+        pipe = Pipeline([stages[stage]], schedule, activation_shape=shape, loss_fn=loss_fn, group=group)
+        pipe.step(x if stage == 0 else None, y if stage == 1 else None)
+        return stage, [q.grad for q in stages[stage].parameters()]
+
+    _, grads = reference("mlp", "1f1b", 2)
+    out = parlab.launch(run, world_size=4, timeout=60, output="none", announce=False)
+    assert sorted(stage for stage, _ in out) == [0, 0, 1, 1]
+    for stage, got in out:
+        assert_close(got, grads[stage])

@@ -116,8 +116,10 @@ class Schedule:
                 if self.stage_rank[op.stage] != r:
                     raise ValueError(f"stage {op.stage} runs on rank {self.stage_rank[op.stage]} and on rank {r}")
                 key = (op.kind, op.stage, op.micro_batch)
-                if key in seen:
-                    raise ValueError(f"rank {r} runs {op.name(True)} twice")
+                other = {"B": "I", "I": "B"}.get(op.kind)
+                if key in seen or (other, op.stage, op.micro_batch) in seen:
+                    raise ValueError(f"rank {r} runs the backward of micro-batch {op.micro_batch} on stage {op.stage} "
+                                     f"twice" if other else f"rank {r} runs {op.name(True)} twice")
                 need = {"B": "F", "I": "F", "W": "I"}.get(op.kind)
                 if need and (need, op.stage, op.micro_batch) not in seen:
                     raise ValueError(f"rank {r} runs {op.name(True)} before {need}{op.micro_batch}s{op.stage}")

@@ -426,3 +426,20 @@ def test_runs_on_the_pp_group_of_a_mesh():
     assert sorted(stage for stage, _ in out) == [0, 0, 1, 1]
     for stage, got in out:
         assert_close(got, grads[stage])
+
+
+def test_neighbouring_stages_on_one_rank_hand_over_in_memory():
+    """p = 1 with v = 2: both stages on one rank; activations and gradients pass between them without a
+    message, and the result is still one process's."""
+
+    def run():
+        schedule = ps.interleaved_1f1b(1, M, 2)
+        model, stages, x, y, loss_fn, shape = build("mlp", 2)
+        log = []
+        Pipeline(stages, schedule, activation_shape=shape, on_collective=log.append).step(x, y)
+        return [[q.grad for q in st.parameters()] for st in stages], len(log)
+
+    _, grads = reference("mlp", "1f1b", 2)
+    got, messages = parlab.launch(run, world_size=1, timeout=60, output="none", announce=False)[0]
+    assert messages == 0
+    assert_close(got, [grads[0], grads[1]])

@@ -191,3 +191,38 @@ def test_course_ddp_reports_into_a_comm_log():
     assert t["broadcast"]["bytes"] == 676 * 4      # initial weights, once
     assert t["all_reduce"]["bytes"] == 676 * 4     # every gradient, once per step
     assert set(kinds) == {"comm"}
+
+
+def _batched_exchange():
+    from parlab.measure import CommLog
+    from parlab.parallel import communicate_batch
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    log = CommLog()
+    mine = torch.full((3,), float(r))  # 12 bytes
+    left, right = torch.empty(3), torch.empty(3)
+    # every rank sends to both neighbours and receives from both, in one batch: no order can deadlock
+    waits = communicate_batch([("send", mine, (r + 1) % n, "to right"), ("send", mine, (r - 1) % n, "to left"),
+                               ("recv", left, (r - 1) % n, "from left"), ("recv", right, (r + 1) % n, "from right")],
+                              on_collective=log)
+    for w in waits:
+        w.wait()
+    return left.tolist(), right.tolist(), [(rec.op, rec.bytes, rec.label) for rec in log.records]
+
+
+def test_communicate_batch_exchanges_and_reports_each_message():
+    results = parlab.launch(_batched_exchange, world_size=3, timeout=20, output="none", announce=False)
+    for r, (left, right, records) in enumerate(results):
+        assert left == [float((r - 1) % 3)] * 3 and right == [float((r + 1) % 3)] * 3
+        assert sorted(records) == sorted([("send", 12, "to right"), ("send", 12, "to left"),
+                                          ("recv", 12, "from left"), ("recv", 12, "from right")])
+
+
+def test_communicate_batch_refuses_a_collective():
+    from parlab.parallel import communicate_batch
+
+    def bad():
+        communicate_batch([("all_reduce", torch.ones(1), 0, None)])
+
+    with pytest.raises(parlab.RankError, match="only 'send' and 'recv'"):
+        parlab.launch(bad, world_size=2, timeout=20, output="none", announce=False)

@@ -120,3 +120,60 @@ def test_mean_over_ranks_check_both_ways():
         check_mean_over_ranks(sum_only, world_size=2)
     with pytest.raises(ExerciseFailed, match=r"nothing on rank 0 of 2: element 0: expected 50, got 0"):
         check_mean_over_ranks(nothing, world_size=2)
+
+
+# -- chapter 06 ----------------------------------------------------------------------------------------------
+
+def test_one_f_one_b_order_check_both_ways():
+    from parlab.exercises import check_one_f_one_b_order
+    from parlab.parallel.pipeline_schedule import one_f_one_b
+
+    def reference(stage, num_stages, num_micro_batches):
+        return one_f_one_b(num_stages, num_micro_batches).names(stage)
+
+    assert "every stage" in repr(check_one_f_one_b_order(reference))
+
+    def warmup_one_too_many(stage, num_stages, num_micro_batches):  # planted: p − s warm-up forwards
+        w = min(num_stages - stage, num_micro_batches)
+        ops = [f"F{k}" for k in range(w)]
+        for k in range(num_micro_batches - w):
+            ops += [f"F{w + k}", f"B{k}"]
+        return ops + [f"B{k}" for k in range(num_micro_batches - w, num_micro_batches)]
+
+    with pytest.raises(ExerciseFailed, match=r"stage 0 of 1, 2 micro-batches: operation 1 should be 'B0', got 'F1'"):
+        check_one_f_one_b_order(warmup_one_too_many)
+
+
+def test_smallest_micro_batches_check_both_ways():
+    import math
+    from itertools import count
+
+    from parlab.exercises import check_smallest_micro_batches
+    from parlab.parallel.pipeline_schedule import bubble_formula
+
+    def search(p, target, v=1):
+        return next(m for m in count(1) if bubble_formula(p, m, v) <= target)
+
+    assert "all" in repr(check_smallest_micro_batches(search))
+
+    def rounded(p, target, v=1):  # planted: the algebra is right, floating point is not (3 · 0.8 / 0.2 > 12)
+        return max(1, math.ceil((p - 1) * (1 - target) / (target * v)))
+
+    with pytest.raises(ExerciseFailed, match=r"\(p=4, target=0.2\): expected 12, got 13 \(with m=13"):
+        check_smallest_micro_batches(rounded)
+
+
+def test_peak_activations_check_both_ways():
+    from parlab.exercises import check_peak_activations
+
+    def peak(ops, frees=("B", "W")):
+        held = most = 0
+        for name in ops:
+            held += name[0] == "F"
+            held -= name[0] in frees
+            most = max(most, held)
+        return most
+
+    assert "all 6" in repr(check_peak_activations(peak))
+    with pytest.raises(ExerciseFailed, match=r"\(F0 I0 F1 W0 I1 F2 W1 I2 W2\): expected 2, got 1"):  # planted: I frees
+        check_peak_activations(lambda ops: peak(ops, frees=("B", "I")))

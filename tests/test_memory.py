@@ -175,3 +175,26 @@ def test_zero3_fsdp2_measured_per_rank(world_size):
     # summed over ranks it is one full copy, plus each rank's step counters (16 tensors x 4 bytes)
     full = 2 * 4 * 8 * (64 * 64 + 64)
     assert sum(got["optimizer"] for got, _ in results) == full + world_size * 16 * 4
+
+
+def test_activation_tracker_follows_what_autograd_keeps():
+    """Counted while saved (as measure_activations counts them), released when backward frees them; weights
+    never count."""
+    from parlab.measure import ActivationTracker, measure_activations
+    from parlab.models import tiny_blocks
+
+    model = tiny_blocks(2, 16)
+    xs = [torch.randn(4, 16) for _ in range(3)]
+    tracker = ActivationTracker(model)
+    losses = []
+    for x in xs:
+        with tracker:
+            losses.append(model(x).sum())
+    one = measure_activations(model, xs[0])
+    assert one > 0 and tracker.live == tracker.peak == 3 * one
+    losses.pop(0).backward()
+    assert tracker.live == 2 * one and tracker.peak == 3 * one
+    for loss in losses:
+        loss.backward()
+    del loss, losses
+    assert tracker.live == 0 and tracker.samples[-1][1] == 0

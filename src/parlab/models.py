@@ -83,11 +83,12 @@ def regression_batch(batch_size: int, d_in: int = 16, d_out: int = 8, seed: int 
 
 
 def tiny_gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab_size: int = 128,
-              n_positions: int = 32, seed: int = 0):
+              n_positions: int = 32, seed: int = 0, tie_word_embeddings: bool = True):
     """A transformers ``GPT2LMHeadModel`` built from a config (no download), with dropout off.
 
     Dropout off makes the forward pass deterministic, so several ranks and a single-process reference can
-    be compared number for number. The token embedding and the LM head share one weight (tied).
+    be compared number for number. The token embedding and the LM head share one weight (tied), unless
+    ``tie_word_embeddings=False`` (a pipeline puts them on different stages, chapter 06).
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -100,7 +101,8 @@ def tiny_gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab_size: i
     cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
                      n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                      # GPT-2's defaults (50256) lie outside a tiny vocabulary; transformers warns about it.
-                     bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+                     bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1,
+                     tie_word_embeddings=tie_word_embeddings)
     with torch.random.fork_rng(devices=[]):  # CPU generator only: no CUDA context
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(cfg)

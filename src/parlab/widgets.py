@@ -1,4 +1,5 @@
-"""The strategy chooser of chapter 01: controls in front of :func:`parlab.advice.recommend`.
+"""The strategy chooser of chapter 01: controls in front of :func:`parlab.advice.recommend`; and chapter
+06's pipeline simulator (:func:`pipeline_simulator`, at the end of the file).
 
 All decisions live in :func:`parlab.advice.recommend`; this file only builds controls and shows its
 answer: the recommendations as HTML, and :func:`parlab.plots.memory_bars` of every layout as a PNG.
@@ -201,3 +202,70 @@ class StrategyTool(w.VBox):
 def strategy_tool(**defaults) -> StrategyTool:
     """The chooser of chapter 01 (see :class:`StrategyTool` for ``defaults``)."""
     return StrategyTool(**defaults)
+
+
+# -- chapter 06: the pipeline simulator ---------------------------------------------------------------------
+
+PIPELINE_SCHEDULES = {"naive model parallelism": "naive", "GPipe": "gpipe", "1F1B": "1f1b",
+                      "interleaved 1F1B": "interleaved"}
+
+
+def pipeline_view(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2, backward: float = 2.0):
+    """What the pipeline simulator shows for one setting, without a widget: a ``types.SimpleNamespace``
+    with the ``schedule`` (``parlab.parallel.pipeline_schedule.make(schedule, p, m, v)``), its simulated
+    ``events`` (a forward costs 1, a backward ``backward``), the ``figure`` (timeline and activations held)
+    and a ``summary`` line (bubble simulated and by formula, peak activations per rank). Chapter 06 checks
+    that for every setting it ran, this schedule is the order each rank recorded."""
+    from types import SimpleNamespace
+
+    from parlab.parallel import pipeline_schedule as ps
+
+    s = ps.make(schedule, p, m, v)
+    events = ps.simulate(s, {"F": 1.0, "B": backward})
+    v = s.stages_per_rank
+    memory = {}
+    for r in range(p):
+        ends = [e.end for e in events if e.rank == r]
+        memory[r] = [(0.0, 0.0)] + [(t, held / v) for t, held in zip(ends, ps.in_flight(s, r))]
+    bubble, formula = ps.bubble_fraction(events), ps.bubble_formula(p, s.num_micro_batches, v)
+    peaks = [round(max(h for _, h in memory[r]), 2) for r in range(p)]
+    summary = (f"{s.name}, p={p}, m={s.num_micro_batches}: bubble {bubble:.1%} simulated, (p−1)/(v·m+p−1) = {formula:.1%}; most activations held, "
+               f"in micro-batches of a whole stage, per rank: {peaks}")
+    figure = plots.pipeline(events, title=summary.split(":")[0], unit=1.0, unit_name="forward times",
+                            memory=memory, memory_label="activations held\n(stage micro-batches)")
+    return SimpleNamespace(schedule=s, events=events, figure=figure, summary=summary, bubble=bubble,
+                           formula=formula, peaks=peaks)
+
+
+def pipeline_simulator(p: int = 4, m: int = 8, v: int = 2):
+    """Sliders for the ranks ``p``, micro-batches ``m``, stages per rank ``v`` (interleaved only) and the
+    schedule; draws :func:`pipeline_view` with its bubble and memory. The figure is a plain matplotlib
+    ``Figure`` rendered to PNG into an ``Image`` widget: no pyplot state and no captured output, so it
+    draws correctly even when JupyterLab runs the callback on another thread."""
+    which = _described(w.Dropdown, "schedule", "the order in which each rank runs forwards and backwards",
+                       options=list(PIPELINE_SCHEDULES), value="1F1B")
+    ranks = _described(w.IntSlider, "p (ranks)", "pipeline stages, one rank each", value=p, min=2, max=8)
+    micro = _described(w.IntSlider, "m (micro-batches)", "micro-batches per step", value=m, min=1, max=32)
+    chunks = _described(w.IntSlider, "v (stages per rank)", "virtual stages per rank (interleaved 1F1B only)",
+                        value=v, min=2, max=4)
+    ratio = _described(w.FloatSlider, "backward / forward time", "how much longer a backward takes than a "
+                       "forward", value=2.0, min=0.5, max=4.0, step=0.5)
+    image = w.Image(format="png")
+    text = w.HTML()
+
+    def draw():
+        try:
+            view = pipeline_view(PIPELINE_SCHEDULES[which.value], ranks.value, micro.value, chunks.value, ratio.value)
+        except ValueError as err:  # e.g. interleaving with m not a multiple of the rounds
+            text.value = f"<b>cannot build this schedule:</b> {html.escape(str(err))}"
+            return
+        buffer = io.BytesIO()
+        view.figure.savefig(buffer, format="png", dpi=80)  # a plain Figure: no pyplot state
+        image.value = buffer.getvalue()
+        text.value = view.summary
+
+    update = _Latest(draw)  # one draw at a time, from whichever thread JupyterLab calls it on
+    for control in (which, ranks, micro, chunks, ratio):
+        control.observe(update, names="value")
+    update()
+    return w.VBox([w.HBox([which, ratio]), w.HBox([ranks, micro, chunks]), text, image])

@@ -6,7 +6,9 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
 - memory.py     ``estimate_memory(model | num_params=, precision=, optimizer=, world_size=, zero_stage=,
                 tp_size=, pp_size=, micro_batch=, seq_len=, checkpointing=)`` → ``MemoryEstimate`` (bytes:
                 ``params``, ``grads``, ``optimizer``, ``activations``, ``total``); ``measure_memory(model,
-                optimizer)`` and ``measure_activations(model, *inputs)`` measure the same parts on a rank.
+                optimizer)`` and ``measure_activations(model, *inputs)`` measure the same parts on a rank;
+                ``with ActivationTracker(model) as t:`` follows the activations kept for backward over time
+                (``t.live``, ``t.peak``, ``t.samples``), as pipelines need (chapter 06).
 - comm.py       ``CommRecord``: one op (op, bytes, group_size, start, end, global rank, group_rank, label),
                 the one record of communication for every strategy; ``with record_comm(timeline=None) as
                 log:`` records every collective on this thread; ``record_ddp(ddp_model, log)`` for
@@ -46,6 +48,7 @@ from parlab.measure.comm import (
 )
 from parlab.measure.memory import (
     ZERO_PAPER_TABLE1,
+    ActivationTracker,
     MemoryEstimate,
     MemoryMeasurement,
     activation_bytes_per_layer,
@@ -59,6 +62,7 @@ from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
 
 __all__ = [
     "ZERO_PAPER_TABLE1",
+    "ActivationTracker",
     "BandwidthPoint",
     "CommLog",
     "CommRecord",

@@ -87,6 +87,42 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     return work.get_future().then(report)  # runs when the collective completes
 
 
+def communicate_batch(messages, group=None, *, on_collective: OnCollective | None = None) -> list:
+    """Issue several sends and receives at once (``dist.batch_isend_irecv``) and report each, like
+    :func:`communicate`. Pipelines need this (chapter 06): a rank that sends its output and receives its
+    next input *in one batch* cannot wait for a neighbour that is doing the same the other way round.
+
+    ``messages``: ``(op, tensor, peer, label)`` tuples, ``op`` ``"send"`` or ``"recv"``, ``peer`` the
+    other rank's rank within ``group``. Returns one waitable per message, in order; each reports its
+    message to ``on_collective`` when waited for. Between two ranks, messages in one direction are matched
+    in the order they are issued. NCCL runs the batch as one group (one request for all of it); gloo
+    issues the messages one by one.
+    """
+    group = group if group is not None else dist.group.WORLD
+    if not messages:
+        return []
+    ops = []
+    for op, tensor, peer, _ in messages:
+        if op not in ("send", "recv"):
+            raise ValueError(f"a batch holds only 'send' and 'recv'; got {op!r}")
+        ops.append(dist.P2POp(dist.isend if op == "send" else dist.irecv, tensor, dist.get_global_rank(group, peer),
+                              group=group))
+    start = time.perf_counter()
+    works = dist.batch_isend_irecv(ops)
+    if len(works) != len(ops):  # NCCL coalesces the batch into one request; waiting for it again is allowed
+        works = [works[-1]] * len(ops)
+    rank, group_rank, size = describe_group(group)
+
+    def reporter(op, tensor, label):
+        def report():
+            if on_collective is not None:
+                on_collective(CommRecord(op, tensor.numel() * tensor.element_size(), size, start,
+                                         time.perf_counter(), rank, group_rank, label))
+        return report
+
+    return [_ReportOnWait(w, reporter(op, tensor, label)) for w, (op, tensor, _, label) in zip(works, messages)]
+
+
 class _ReportOnWait:
     def __init__(self, work, report):
         self.work, self.report, self.done = work, report, False

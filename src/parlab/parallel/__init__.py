@@ -4,11 +4,19 @@ Every strategy wraps (or transforms) a model written as ordinary single-device c
 *group* it works on as an argument; ``topology.py`` says which group that is for each axis (``dp``, ``tp``,
 ``pp``) and ``comm.py`` is the one door every strategy's collectives go through, so that one
 ``parlab.measure.CommLog`` can count them all. Chapter 03 teaches ``ddp`` (and ``dp``, DataParallel's data
-flow); chapter 07 composes them on a mesh.
+flow); chapter 05 teaches ``tensor`` (Megatron-style tensor parallelism; ``tensor_models`` applies it
+to GPT-2 and Llama); chapter 07 composes them on a mesh.
 """
 
 from parlab.parallel.comm import communicate
 from parlab.parallel.ddp import DDPBuckets, DDPNaive, DDPOverlap
+from parlab.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
 from parlab.parallel.topology import AXES, Topology
 
-__all__ = ["AXES", "Topology", "communicate", "DDPNaive", "DDPBuckets", "DDPOverlap"]
+__all__ = ["AXES", "Topology", "communicate", "DDPNaive", "DDPBuckets", "DDPOverlap", "ColumnParallelLinear",
+           "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy"]

@@ -397,3 +397,43 @@ def test_misuse_is_explained():
     assert "output features = 3 does not split evenly over 2" in errors[3]
     assert "down: input features = 3" in errors[4]
     assert "1 KV heads do not split over tp_size=2" in errors[5]
+
+
+# -- the chapter's exercises ----------------------------------------------------------------------------
+
+def _bias_on_every_rank(layer, x):
+    return tp.reduce_from_tp(F.linear(x, layer.weight, layer.bias), layer.comm)
+
+
+def _never_summed(layer, x):
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
+    from parlab.exercises import ExerciseFailed, check_row_parallel_forward
+
+    assert "one all-reduce" in repr(check_row_parallel_forward(tp.RowParallelLinear.forward, world_size=3))
+    with pytest.raises(ExerciseFailed, match="counts 2 times"):
+        check_row_parallel_forward(_bias_on_every_rank)
+    with pytest.raises(ExerciseFailed, match="never added up"):
+        check_row_parallel_forward(_never_summed, world_size=4)
+    with pytest.raises(ExerciseFailed, match="returned NoneType"):
+        check_row_parallel_forward(lambda layer, x: None)
+
+
+def test_collectives_exercise_passes_the_reference_and_names_the_boundary():
+    from parlab.exercises import ExerciseFailed, check_tp_collectives, reference_tp_collectives
+
+    assert reference_tp_collectives(["column", "row"]) == ["none", "none", "all_reduce"]  # the chapter's case
+    assert "all 8 chains" in repr(check_tp_collectives(reference_tp_collectives))
+
+    def always_all_reduce_after_row(splits):  # forgets that a row layer may feed another row layer
+        return ["none" if s == "column" else "split" for s in splits[:1]] + [
+            "all_reduce" if s == "row" else "none" if n == "row" else "all_gather"
+            for s, n in zip(splits, splits[1:] + ["end"])]
+
+    with pytest.raises(ExerciseFailed, match=r"between row and row you said 'all_reduce', but there each rank holds "
+                                             r"a partial sum and what follows needs its slice"):
+        check_tp_collectives(always_all_reduce_after_row)
+    with pytest.raises(ExerciseFailed, match="expected a list of 3 ops"):
+        check_tp_collectives(lambda splits: ["none"])

@@ -13,6 +13,7 @@ from parlab.exercises.ch00 import check_mean_over_ranks
 from parlab.exercises.ch01 import check_zero_memory
 from parlab.exercises.ch02 import check_ring_all_reduce
 from parlab.exercises.ch03 import check_average_gradients, reference_average_gradients
+from parlab.exercises.ch05 import check_row_parallel_forward, check_tp_collectives, reference_tp_collectives  # noqa: F401
 from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_ranks, first_difference
 
 __all__ = ["ExerciseFailed", "Passed", "check_average_gradients", "check_function", "check_mean_over_ranks",

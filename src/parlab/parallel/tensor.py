@@ -170,7 +170,7 @@ class Sharded(nn.Module):
 
     def _slice(self, name: str, dense, dim: int, index) -> None:
         self.shards[name] = (dim, index)
-        self.register_parameter(name, nn.Parameter(dense.detach().index_select(dim, index).clone()))
+        self.register_parameter(name, nn.Parameter(dense.detach().index_select(dim, index.to(dense.device)).clone()))
 
     def unshard(self, name: str, local):
         """The dense tensor (in the dense layer's own layout) from every rank's ``local`` slice of ``name``."""
@@ -304,7 +304,8 @@ def vocab_parallel_cross_entropy(logits, target, group=None, *, on_collective: O
     top = _all_reduce(z.detach().amax(-1), comm, "forward", reduce_op=dist.ReduceOp.MAX)  # (tokens,)
     z = z - top.unsqueeze(1)
     mine = (target >= start) & (target < start + v)
-    picked = z.gather(1, (target - start).clamp(0, v - 1).unsqueeze(1)).squeeze(1)
+    # Indexing, not gather: gather's backward keeps all of z; indexing keeps only the indices.
+    picked = z[torch.arange(z.shape[0], device=z.device), (target - start).clamp(0, v - 1)]
     picked = reduce_from_tp(torch.where(mine, picked, torch.zeros_like(picked)), comm)  # (tokens,) z_target
     sum_exp = reduce_from_tp(z.exp().sum(-1), comm)  # (tokens,) over the whole vocabulary
     loss = sum_exp.log() - picked

@@ -23,6 +23,7 @@ from parlab.measure import CommLog, measure_activations, record_comm
 from parlab.models import tiny_gpt2, tiny_llama, token_batch
 from parlab.parallel import tensor as tp
 from parlab.parallel import tensor_models as tm
+from parlab.parallel import tensor_plan as plans
 
 B, S, V = 4, 16, 128  # batch, sequence (divisible by 4 for sequence parallelism), vocabulary
 MODELS = {  # name -> (builder, kwargs); Llama's KV heads: split, split then replicated, replicated
@@ -112,7 +113,7 @@ def one_step(name: str, sp: bool, plan_edit=None):
     plan = tm.scratch_plan(model, t, sp)
     if plan_edit:
         plan = plan_edit(plan)
-    tp.parallelize(model, plan, sequence_parallel=sp, on_collective=log)
+    plans.parallelize(model, plan, sequence_parallel=sp, on_collective=log)
     tm.localize_heads(model, t)
     ids = batch()
     logits = model(input_ids=ids).logits  # (B, S, V / t)
@@ -125,7 +126,7 @@ def one_step(name: str, sp: bool, plan_edit=None):
 
 
 def tm_dense(model, grads):
-    return {k: v.clone() for k, v in tp.dense_state(model, grads).items()}
+    return {k: v.clone() for k, v in plans.dense_state(model, grads).items()}
 
 
 def train_lm(name: str, how: str, sp: bool):
@@ -220,7 +221,7 @@ def test_column_and_row_parallel_linear_match_the_dense_layer(ranks):
             got = out["layers"][name]
             for what, a, b in zip(("output", "input grad", "weight grad", "bias grad"), got,
                                   (y.detach(), x.grad, dense.weight.grad, dense.bias.grad)):
-                assert_close(a, b, msg=lambda m, w=what, nm=name: f"tp{n} rank {r} {nm} {w}: {m}")
+                assert_close(a, b, msg=lambda m, w=what, nm=name, r=r: f"tp{n} rank {r} {nm} {w}: {m}")
     row_dense = torch.nn.Linear(24, 8)
     xr = torch.randn(5, 24, generator=g, requires_grad=True)
     y = row_dense(xr)
@@ -228,7 +229,7 @@ def test_column_and_row_parallel_linear_match_the_dense_layer(ranks):
     for r, out in enumerate(per_rank):
         for what, a, b in zip(("output", "input grad", "weight grad", "bias grad"), out["layers"]["row"],
                               (y.detach(), xr.grad, row_dense.weight.grad, row_dense.bias.grad)):
-            assert_close(a, b, msg=lambda m, w=what: f"tp{n} rank {r} row {w}: {m}")
+            assert_close(a, b, msg=lambda m, w=what, r=r: f"tp{n} rank {r} row {w}: {m}")
 
 
 def test_vocab_parallel_embedding_and_cross_entropy(ranks):
@@ -263,11 +264,11 @@ def test_every_output_and_gradient_matches_one_process(ranks, refs, model, sp):
     for r, out in enumerate(per_rank):
         got = out["step"][model, sp]
         where = f"{model} tp{n}{' +sp' if sp else ''} rank {r}"
-        assert_close(torch.tensor(got["loss"]), torch.tensor(ref["loss"]), msg=lambda m: f"{where} loss: {m}")
-        assert_close(got["logits"], ref["logits"], msg=lambda m: f"{where} logits: {m}")
+        assert_close(torch.tensor(got["loss"]), torch.tensor(ref["loss"]), msg=lambda m, where=where: f"{where} loss: {m}")
+        assert_close(got["logits"], ref["logits"], msg=lambda m, where=where: f"{where} logits: {m}")
         for name, p in ref["params"].items():
-            assert_close(got["params"][name], p, msg=lambda m, k=name: f"{where} parameter {k}: {m}")
-            assert_close(got["grads"][name], ref["grads"][name], msg=lambda m, k=name: f"{where} grad {k}: {m}")
+            assert_close(got["params"][name], p, msg=lambda m, k=name, where=where: f"{where} parameter {k}: {m}")
+            assert_close(got["grads"][name], ref["grads"][name], msg=lambda m, k=name, where=where: f"{where} grad {k}: {m}")
 
 
 def test_a_planted_bias_bug_is_caught(ranks, refs):
@@ -328,12 +329,14 @@ def test_sequence_parallel_trades_each_all_reduce_for_a_gather_and_a_scatter(ran
         # nccl-tests' bus factor: an all-reduce moves 2(t-1)/t of the buffer, a gather or scatter (t-1)/t
         from parlab.measure import bus_factor
 
-        moved = lambda recs: sum(b * bus_factor(op, n) for op, b in layer(recs))
+        def moved(recs):
+            return sum(b * bus_factor(op, n) for op, b in layer(recs))
+
         assert moved(plain) == pytest.approx(moved(sp))
 
 
 def test_sequence_parallel_saves_activation_memory(ranks, refs):
-    n, per_rank = ranks
+    _, per_rank = ranks
     for model in MODELS:
         plain = per_rank[0]["step"][model, False]["activations"]
         sp = per_rank[0]["step"][model, True]["activations"]
@@ -341,7 +344,7 @@ def test_sequence_parallel_saves_activation_memory(ranks, refs):
 
 
 def test_scratch_issues_the_same_collectives_as_dtensor(ranks):
-    n, per_rank = ranks
+    _, per_rank = ranks
     for model, seen in per_rank[0]["records"].items():
         tokens = B * (S - 1) * 4
         scratch = list(seen["scratch"])
@@ -356,7 +359,7 @@ def test_training_losses_match_one_process(ranks, refs):
     n, per_rank = ranks
     for cfg in TRAIN:
         for r, out in enumerate(per_rank):
-            assert_close(torch.tensor(out["train"][cfg]), torch.tensor(refs[1][cfg[0]]), msg=lambda m, c=cfg: f"tp{n} rank {r} {c}: {m}")
+            assert_close(torch.tensor(out["train"][cfg]), torch.tensor(refs[1][cfg[0]]), msg=lambda m, c=cfg, r=r: f"tp{n} rank {r} {c}: {m}")
 
 
 # -- bad input ----------------------------------------------------------------------------------------
@@ -367,15 +370,15 @@ def test_layouts_refuse_what_does_not_split():
     with pytest.raises(ValueError, match="num_heads = 6 does not split evenly over 4"):
         tp.kv_heads_layout(6, 3, 4)
     with pytest.raises(RuntimeError, match="process group"):
-        tp.parallelize(torch.nn.Linear(4, 4), {"": "colwise"})
+        plans.parallelize(torch.nn.Linear(4, 4), {"": "colwise"})
 
 
 def _misuse():
     errors = []
     attempts = [
-        lambda: tp.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), {"0": "diagonal"}),
-        lambda: tp.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), {"1": "colwise"}),
-        lambda: tp.parallelize(torch.nn.Sequential(torch.nn.LayerNorm(4)), {"0": "sequence_parallel"}),
+        lambda: plans.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), {"0": "diagonal"}),
+        lambda: plans.parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), {"1": "colwise"}),
+        lambda: plans.parallelize(torch.nn.Sequential(torch.nn.LayerNorm(4)), {"0": "sequence_parallel"}),
         lambda: tp.ColumnParallelLinear(torch.nn.Linear(4, 3)),
         lambda: tp.RowParallelLinear(torch.nn.Linear(3, 4), name="down"),
         lambda: tm.dtensor_plan(build("llama-mqa"), 2),
@@ -422,7 +425,11 @@ def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
 
 
 def test_collectives_exercise_passes_the_reference_and_names_the_boundary():
-    from parlab.exercises import ExerciseFailed, check_tp_collectives, reference_tp_collectives
+    from parlab.exercises import (
+        ExerciseFailed,
+        check_tp_collectives,
+        reference_tp_collectives,
+    )
 
     assert reference_tp_collectives(["column", "row"]) == ["none", "none", "all_reduce"]  # the chapter's case
     assert "all 8 chains" in repr(check_tp_collectives(reference_tp_collectives))
@@ -437,3 +444,16 @@ def test_collectives_exercise_passes_the_reference_and_names_the_boundary():
         check_tp_collectives(always_all_reduce_after_row)
     with pytest.raises(ExerciseFailed, match="expected a list of 3 ops"):
         check_tp_collectives(lambda splits: ["none"])
+
+
+def test_benchmark_summary_pairs_rounds_and_requires_equal_collectives():
+    from parlab.bench.tensor_parallel import summary
+
+    same = [("all_reduce", 64), ("all_reduce", 64)]
+    raw = {"mlp": {"times": {"scratch": [1.0, 4.0], "dtensor": [1.0, 6.0]}, "collectives": {"scratch": same,
+                   "dtensor": list(reversed(same))}, "sent": {"scratch": 200, "dtensor": 200}}}
+    out = summary(raw)
+    assert out["throughput_vs_dtensor"]["mlp"]["scratch"] == pytest.approx(1.25)  # median of 1.0 and 1.5
+    assert out["bytes_per_step"]["mlp"] == {"scratch": 128, "dtensor": 128} and out["target_met"]
+    raw["mlp"]["collectives"]["dtensor"] = [("all_reduce", 128)]
+    assert not summary(raw)["target_met"]

@@ -26,7 +26,7 @@ PRESETS = {  # a CPU box, and GPUs
 }
 
 
-def _bytes_sent():
+def bytes_written():
     """Bytes this process has written so far (/proc/self/io; Linux): on CPU, gloo's traffic; else None."""
     try:
         with open("/proc/self/io") as f:
@@ -41,8 +41,8 @@ def build(model: str, how: str, cfg: dict, mesh):
 
     from parlab.compose import blocks_tp_plan
     from parlab.models import tiny_blocks, tiny_llama, token_batch
-    from parlab.parallel.tensor import parallelize
     from parlab.parallel.tensor_models import parallelize_lm
+    from parlab.parallel.tensor_plan import parallelize
 
     dev = parlab.device()
     if model == "mlp":
@@ -52,13 +52,13 @@ def build(model: str, how: str, cfg: dict, mesh):
         else:
             parallelize_module(m, mesh, blocks_tp_plan(m))
         x = torch.randn(cfg["mlp_batch"], cfg["hidden"], generator=torch.Generator().manual_seed(0)).to(dev)
-        loss = lambda: m(x).pow(2).mean()  # noqa: E731
+        loss = lambda: m(x).pow(2).mean()
     else:
         m = tiny_llama(cfg["layers"], cfg["hidden"], cfg["heads"], cfg["kv_heads"], 4 * cfg["hidden"], cfg["vocab"],
                        cfg["seq_len"], seed=0).to(dev)
         parallelize_lm(m, how, mesh)
         ids = token_batch(cfg["batch"], cfg["seq_len"], cfg["vocab"], seed=0).to(dev)
-        loss = lambda: m.model(input_ids=ids).last_hidden_state.pow(2).mean()  # noqa: E731  the blocks only
+        loss = lambda: m.model(input_ids=ids).last_hidden_state.pow(2).mean()
     opt = torch.optim.SGD(m.parameters(), lr=1e-3)
 
     def step():
@@ -81,10 +81,10 @@ def measure(cfg: dict) -> dict:
                                  steps=cfg["steps"], warmup=cfg["warmup"])
         collectives, sent = {}, {}
         for how in KINDS:
-            before = _bytes_sent()
+            before = bytes_written()
             with record_comm() as log:
                 steps[how]()
-            after = _bytes_sent()
+            after = bytes_written()
             collectives[how] = [(r.op, r.bytes) for r in log.records]
             sent[how] = None if before is None or parlab.device().type != "cpu" else after - before
         out[model] = {"times": times, "collectives": collectives, "sent": sent}

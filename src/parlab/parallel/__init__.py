@@ -4,8 +4,8 @@ Every strategy wraps (or transforms) a model written as ordinary single-device c
 *group* it works on as an argument; ``topology.py`` says which group that is for each axis (``dp``, ``tp``,
 ``pp``) and ``comm.py`` is the one door every strategy's collectives go through, so that one
 ``parlab.measure.CommLog`` can count them all. Chapter 03 teaches ``ddp`` (and ``dp``, DataParallel's data
-flow); chapter 05 teaches ``tensor`` (Megatron-style tensor parallelism; ``tensor_models`` applies it
-to GPT-2 and Llama); chapter 07 composes them on a mesh.
+flow); chapter 05 teaches ``tensor`` (Megatron-style tensor parallelism; ``tensor_plan`` applies it to
+a model by a plan, ``tensor_models`` holds GPT-2's and Llama's); chapter 07 composes them on a mesh.
 """
 
 from parlab.parallel.comm import communicate

@@ -1,6 +1,6 @@
 """GPT-2 and Llama (transformers, built from configs) under tensor parallelism, two ways (chapter 05).
 
-For each model, :func:`scratch_plan` is what the course's code (``parlab.parallel.tensor.parallelize``)
+For each model, :func:`scratch_plan` is what the course's code (``parlab.parallel.tensor_plan.parallelize``)
 applies and :func:`dtensor_plan` what PyTorch's DTensor ``parallelize_module`` applies, entry for entry:
 the same layers split the same way, with the same collectives. Around the plans:
 
@@ -26,15 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parlab.parallel.tensor import (
+from parlab.parallel.tensor import kv_heads_layout, vocab_parallel_cross_entropy
+from parlab.parallel.tensor_plan import (
     Colwise,
     PrepareInput,
     ReplicatedHeads,
     SequenceEnter,
     SequenceExit,
-    kv_heads_layout,
     parallelize,
-    vocab_parallel_cross_entropy,
 )
 
 HOWS = ("single", "scratch", "dtensor")

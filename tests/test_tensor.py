@@ -457,3 +457,16 @@ def test_benchmark_summary_pairs_rounds_and_requires_equal_collectives():
     assert out["bytes_per_step"]["mlp"] == {"scratch": 128, "dtensor": 128} and out["target_met"]
     raw["mlp"]["collectives"]["dtensor"] = [("all_reduce", 128)]
     assert not summary(raw)["target_met"]
+
+
+def test_matmul_split_draws_every_rank_block():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from parlab import plots
+
+    for t in (2, 4):
+        fig = plots.matmul_split(t)
+        top, bottom = fig.axes
+        # by columns: X whole, t stripes of A, t of Y; by rows: t stripes of X, t of A, t partial sums
+        assert (len(top.patches), len(bottom.patches)) == (2 * t + 1, 3 * t)

@@ -219,6 +219,8 @@ def parallelize_lm(model: nn.Module, how: str, mesh=None, *, sequence_parallel: 
 
 def forward_backward(model: nn.Module, ids, how: str = "single", group=None, on_collective=None) -> float:
     """Next-token cross-entropy of ``ids`` (batch, seq), mean over tokens, and its backward; the loss."""
+    if how not in HOWS:
+        raise ValueError(f"how={how!r}; choose one of {', '.join(map(repr, HOWS))}")
     logits = model(input_ids=ids).logits  # (batch, seq, vocab), or this rank's vocab / t of it
     pred, target = logits[:, :-1], ids[:, 1:]  # token i predicts token i + 1
     if how == "dtensor":

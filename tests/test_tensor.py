@@ -470,3 +470,25 @@ def test_matmul_split_draws_every_rank_block():
         top, bottom = fig.axes
         # by columns: X whole, t stripes of A, t of Y; by rows: t stripes of X, t of A, t partial sums
         assert (len(top.patches), len(bottom.patches)) == (2 * t + 1, 3 * t)
+
+
+# -- on GPUs (NCCL, one GPU per rank): skipped without 2 of them -------------------------------------------
+
+def _trained_on_gpus(name, how, sp):
+    from parlab.parallel.topology import Topology
+
+    mesh = Topology.build(tp=dist.get_world_size()).submesh("tp")  # a CUDA mesh in GPU mode
+    model = tm.parallelize_lm(build(name).to(parlab.device()), how, mesh, sequence_parallel=sp)
+    return tm.train(model, [batch(s) for s in range(STEPS)], how, mesh.get_group())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("how", ["scratch", "dtensor"])
+def test_training_on_gpus_matches_one_process(how, refs):
+    for name, sp in (("gpt2", False), ("llama-gqa", True)):
+        losses = parlab.launch(_trained_on_gpus, world_size=2, args=(name, how, sp), backend="nccl", timeout=120,
+                               output="none", announce=False)
+        for r, got in enumerate(losses):  # GPU matmuls (TF32 off by default for fp32) differ in the last bits
+            assert_close(torch.tensor(got), torch.tensor(refs[1][name]), rtol=1e-4, atol=1e-4,
+                         msg=lambda m, r=r, name=name: f"{how} {name} rank {r} on GPUs: {m}")

@@ -208,7 +208,8 @@ class ColumnParallelLinear(Sharded):
             raise ValueError(f"input={input!r}; choose 'copy' (f), 'gather' (sequence parallel) or 'ready'")
         weight, bias, self.conv1d = _dense(layer)
         self.input, self.gather_output = input, gather_output
-        self.in_features, self.rows = weight.shape[1], rows
+        self.in_features = weight.shape[1]
+        self.register_buffer("rows", None if rows is None else rows.to(weight.device), persistent=False)
         if rows is None:
             out, t, r = weight.shape[0], self.comm.size, self.comm.rank
             what = f"{name or 'layer'}: output features" + (f" / {parts} parts" if parts > 1 else "")

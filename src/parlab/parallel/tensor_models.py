@@ -242,9 +242,10 @@ def forward_backward(model: nn.Module, ids, how: str = "single", group=None, on_
 def train(model: nn.Module, batches, how: str = "single", group=None, lr: float = 0.05) -> list[float]:
     """One SGD step per batch; the loss of each (the same on every rank)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
+    device = next(model.parameters()).device  # DTensor parameters live on their mesh's device
     losses = []
     for ids in batches:
-        losses.append(forward_backward(model, ids, how, group))
+        losses.append(forward_backward(model, ids.to(device), how, group))
         opt.step()
         opt.zero_grad()
     return losses

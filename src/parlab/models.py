@@ -147,3 +147,28 @@ def shard(batch, rank: int, world_size: int):
                          f"of {world_size} so every rank gets the same number of examples")
     per = n // world_size
     return batch[rank * per:(rank + 1) * per]  # (batch / world_size, ...)
+
+
+def tiny_llama(n_layer: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2, intermediate: int = 64,
+               vocab_size: int = 128, n_positions: int = 32, seed: int = 0):
+    """A transformers ``LlamaForCausalLM`` built from a config (no download): RMSNorm, rotary positions,
+    grouped-query attention (``kv_heads`` K/V heads shared by ``heads`` query heads), a gated SwiGLU MLP,
+    and an output layer of its own (not tied to the embedding). Used from chapter 05 on.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    for name, value in (("n_layer", n_layer), ("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads),
+                        ("intermediate", intermediate), ("vocab_size", vocab_size), ("n_positions", n_positions)):
+        positive_int(name, value, "a Llama config size")
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"hidden must be divisible by heads and heads by kv_heads; got hidden={hidden}, "
+                         f"heads={heads}, kv_heads={kv_heads}")
+    cfg = LlamaConfig(num_hidden_layers=n_layer, hidden_size=hidden, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab_size,
+                      max_position_embeddings=n_positions, tie_word_embeddings=False,
+                      bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+    with torch.random.fork_rng(devices=[]):  # CPU generator only: no CUDA context
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    model.loss_type = "ForCausalLM"
+    return model

@@ -280,3 +280,56 @@ def _lighter(color: str, amount: float) -> tuple:
     from matplotlib.colors import to_rgb
 
     return tuple(c + (1 - c) * amount for c in to_rgb(color))
+
+
+def matmul_split(tp_size: int, title: str = ""):
+    """Y = X·A split over ``tp_size`` ranks two ways, one colour per rank (chapter 05).
+
+    Top, by columns: every rank holds all of X and its columns of A, and computes its columns of Y.
+    Bottom, by rows: rank r holds X's columns r and A's rows r, and computes a whole-sized partial Y_r;
+    Y is their sum (an all-reduce).
+    """
+    t = tp_size
+    colors = [plt.get_cmap("tab10")(r % 10) for r in range(t)]
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5.2))
+
+    def block(ax, x, y, w, h, label, split=None, hatch=None, color="#cccccc"):
+        # split: None (one colour), "cols" or "rows" (t stripes, one per rank)
+        for r in range(t if split else 1):
+            c = colors[r] if split else color
+            dx, dy, ww, hh = (x + r * w / t, y, w / t, h) if split == "cols" else \
+                (x, y + (t - 1 - r) * h / t, w, h / t) if split == "rows" else (x, y, w, h)
+            ax.add_patch(Rectangle((dx, dy), ww, hh, facecolor=c, edgecolor="k", lw=0.8, alpha=0.75, hatch=hatch))
+        ax.text(x + w / 2, y + h + 0.12, label, ha="center", va="bottom", fontsize=9)
+
+    ax = axes[0]
+    block(ax, 0, 0, 1.6, 1.2, "X (b × k): whole on every rank")
+    ax.text(1.9, 0.6, "·", fontsize=20, ha="center", va="center")
+    block(ax, 2.2, -0.2, 2.0, 1.6, "A (k × n): columns split", "cols")
+    ax.text(4.5, 0.6, "=", fontsize=16, ha="center", va="center")
+    block(ax, 4.8, 0, 2.0, 1.2, "Y: columns split, Y_r = X·A_r", "cols")
+    ax.text(7.1, 0.6, "each rank its own columns:\nno communication (yet)", fontsize=9, va="center")
+    ax.set_title("column-parallel: rank r computes X·A_r", fontsize=10, loc="left")
+    ax = axes[1]
+    block(ax, 0, 0, 1.6, 1.2, "X (b × k): columns split", "cols")
+    ax.text(1.9, 0.6, "·", fontsize=20, ha="center", va="center")
+    block(ax, 2.2, -0.2, 2.0, 1.6, "A (k × n): rows split", "rows")
+    ax.text(4.5, 0.6, "=", fontsize=16, ha="center", va="center")
+    w = 2.6 / t
+    for r in range(t):
+        block(ax, 4.8 + r * (w + 0.15), 0.2, w, 0.8, f"X{r}·A{r}", color=colors[r], hatch="//")
+        if r < t - 1:
+            ax.text(4.8 + r * (w + 0.15) + w + 0.075, 0.6, "+", ha="center", va="center", fontsize=10)
+    ax.text(4.8 + t * (w + 0.15) + 0.1, 0.6, "all-reduce → Y\n(whole on every rank)", fontsize=9, va="center")
+    ax.set_title("row-parallel: rank r computes a partial sum X_r·A_r", fontsize=10, loc="left")
+    for ax in axes:
+        ax.set_xlim(-0.2, 9.4)
+        ax.set_ylim(-0.4, 1.9)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    handles = [Rectangle((0, 0), 1, 1, facecolor=c, alpha=0.75) for c in colors]
+    fig.legend(handles, [f"rank {r}" for r in range(t)], loc="lower center", ncol=t, frameon=False, fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig

@@ -37,10 +37,10 @@ def check_callback(on_collective) -> None:
 
 def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tensor | None = None,
                 src: int | None = None, peer: int | None = None, async_op: bool = False,
-                on_collective: OnCollective | None = None, label=None):
+                on_collective: OnCollective | None = None, label=None, reduce_op=None):
     """Run one op on ``group`` (``None``: the default group) and report it to ``on_collective``.
 
-    - ``all_reduce``: sums ``tensor`` over the group, in place.
+    - ``all_reduce``: sums ``tensor`` over the group, in place (``reduce_op=dist.ReduceOp.MAX``: the largest).
     - ``broadcast``: ``tensor`` from the group's rank ``src`` (an in-group rank), in place.
     - ``all_gather``: ``output`` (group size × ``tensor``'s numel) ← every rank's ``tensor``, in group order.
     - ``reduce_scatter``: ``output`` ← this rank's slice of the sum of every rank's ``tensor``.
@@ -52,7 +52,8 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     group = group if group is not None else dist.group.WORLD
     start = time.perf_counter()
     if op == "all_reduce":
-        work = dist.all_reduce(tensor, group=group, async_op=async_op)
+        work = dist.all_reduce(tensor, op=reduce_op if reduce_op is not None else dist.ReduceOp.SUM, group=group,
+                               async_op=async_op)
     elif op == "broadcast":
         work = dist.broadcast(tensor, src=dist.get_global_rank(group, _need(src, "src", op)), group=group,
                               async_op=async_op)

@@ -4,6 +4,7 @@
   (plain functions over cases), :func:`first_difference`, :class:`Passed`, :class:`ExerciseFailed`.
 - ``ch00``: :func:`check_mean_over_ranks`.   ``ch01``: :func:`check_zero_memory`.
 - ``ch02``: :func:`check_ring_all_reduce`.   ``ch03``: :func:`check_average_gradients`.
+- ``ch04``: :func:`check_flat_sharding`, :func:`check_peak_gathered`, :func:`check_smallest_stage`.
 
 Each check passes the package's reference answer and fails a planted wrong one with a precise message
 (``tests/test_exercises.py``). A new chapter adds its own module here and one import line below.
@@ -13,8 +14,10 @@ from parlab.exercises.ch00 import check_mean_over_ranks
 from parlab.exercises.ch01 import check_zero_memory
 from parlab.exercises.ch02 import check_ring_all_reduce
 from parlab.exercises.ch03 import check_average_gradients, reference_average_gradients
+from parlab.exercises.ch04 import check_flat_sharding, check_peak_gathered, check_smallest_stage
 from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_ranks, first_difference
 
-__all__ = ["ExerciseFailed", "Passed", "check_average_gradients", "check_function", "check_mean_over_ranks",
+__all__ = ["ExerciseFailed", "Passed", "check_average_gradients", "check_flat_sharding", "check_function",
+           "check_mean_over_ranks", "check_peak_gathered", "check_smallest_stage",
            "check_ranks", "check_ring_all_reduce", "check_zero_memory", "first_difference",
            "reference_average_gradients"]

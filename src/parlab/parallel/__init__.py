@@ -10,5 +10,7 @@ flow); chapter 07 composes them on a mesh.
 from parlab.parallel.comm import communicate
 from parlab.parallel.ddp import DDPBuckets, DDPNaive, DDPOverlap
 from parlab.parallel.topology import AXES, Topology
+from parlab.parallel.zero import ZeroStage1, ZeroStage2, ZeroStage3
 
-__all__ = ["AXES", "Topology", "communicate", "DDPNaive", "DDPBuckets", "DDPOverlap"]
+__all__ = ["AXES", "Topology", "communicate", "DDPNaive", "DDPBuckets", "DDPOverlap", "ZeroStage1", "ZeroStage2",
+           "ZeroStage3"]

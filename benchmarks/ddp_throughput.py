@@ -15,42 +15,25 @@ Writes ``benchmarks/results/ddp_throughput_<N>ranks.json`` and ``.png``, naming 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-from _common import describe, machine, results_dir, write  # noqa: E402
+from _common import describe, machine, results_dir, timing_parser, timing_setup, write  # noqa: E402
 
 import parlab  # noqa: E402
 from parlab.bench.ddp import KINDS, LABELS, PRESETS, measure, plot  # noqa: E402
 from parlab.measure import summarize  # noqa: E402
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                    help="model size; default: gpu when world-size GPUs are visible, else cpu")
-    ap.add_argument("--steps", type=int, default=5, help="optimizer steps per timed block")
-    ap.add_argument("--rounds", type=int, default=6, help="timed blocks per wrapper, interleaved")
-    ap.add_argument("--warmup", type=int, default=2)
+    ap = timing_parser(__doc__.split("\n\n")[0], PRESETS, steps=5)
     ap.add_argument("--bucket-mb", type=float, default=None, help="bucket size for v2, v3 and DDP alike")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")  # a script writes PNGs; a notebook importing plot() keeps its own backend
-    for name in ("world_size", "steps", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    preset = args.preset or ("gpu" if gpus >= args.world_size else "cpu")
+    preset, backend = timing_setup(ap, args)
     cfg = dict(PRESETS[preset], steps=args.steps, rounds=args.rounds, warmup=args.warmup)
     if args.bucket_mb is not None:
         cfg["bucket_mb"] = args.bucket_mb
-    backend = "nccl" if gpus >= args.world_size else "gloo"
 
     out = parlab.launch(measure, world_size=args.world_size, args=(cfg,), backend=backend, timeout=600)[0]
     med, ratio = summarize(out["times"], reference="torch")

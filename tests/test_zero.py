@@ -253,7 +253,7 @@ def test_mixed_precision_losses_follow_a_single_process(trained, refs, task):
 
 
 def test_the_checks_catch_a_missing_all_gather(trained, refs):
-    n, per_rank = trained
+    _, per_rank = trained
     with pytest.raises(AssertionError):
         assert_close(per_rank[0][(*PLANTED, "mlp")]["params"], refs["mlp", "adam"][0])
 
@@ -276,7 +276,7 @@ def _bytes(out, op):
 def test_bytes_per_step(trained, task):
     """Stage 1/2: reduce-scatter Ψ + all-gather Ψ (the all-reduce variant: 2Ψ + Ψ); stage 3: two all-gathers
     and one reduce-scatter, 3Ψ (2Ψ keeping the weights from forward to backward); the padded Ψ, in bytes."""
-    n, per_rank = trained
+    _, per_rank = trained
     runs = {name: per_rank[0][(name, opt, task)] for name, opt in CONFIGS if (name, opt, task) in per_rank[0]}
     padded = {name: sum(p for _, _, p in out["groups"]) for name, out in runs.items() if "groups" in out}
     expect = {"zero1": {"reduce_scatter": 4, "all_gather": 4}, "zero1_all_reduce": {"all_reduce": 4, "all_gather": 4},

@@ -322,6 +322,8 @@ class ZeroStage2(ZeroStage1):
 
     def _launch(self, g: FlatParams) -> None:
         """Average ``g``'s gradient and send each rank its shard, asynchronously."""
+        # AVG: sum, then divide, in the collective, as FSDP2 does (stage 1 divides first, as DDP does); each
+        # implementation then matches its PyTorch counterpart's arithmetic.
         g.grad_shard = torch.empty(g.shard_numel, dtype=self.reduce_dtype, device=self.device)  # (S,)
         g.work = self._communicate("reduce_scatter", g.grad, g.name, output=g.grad_shard, async_op=True,
                                    reduce_op=dist.ReduceOp.AVG)

@@ -100,13 +100,17 @@ def train(name: str, opt: str, task: str) -> dict:
     # Every rank starts from a different model, and the wrapper's broadcast must make them agree; except
     # under FSDP2, which shards each rank's own values (it expects them equal) and broadcasts nothing.
     model, batch, loss_fn, blocks = build(task, seed=1 + (0 if name.startswith("fsdp2") else rank))
+    dev = parlab.device()  # a GPU per rank in GPU mode (test_gpu_parity), else the CPU
+    model.to(dev)
     log = CommLog()
     model_, optimizer, final = _wrap(name, model, blocks, opt, log)
     losses, backward = [], None
     for s in range(STEPS):
         log.records.clear()
+        mine = shard(batch(s), rank, n)
+        mine = tuple(t.to(dev) for t in mine) if isinstance(mine, tuple) else mine.to(dev)
         with record_comm() as seen:  # broadcasts ZeroRedundancyOptimizer issues from Python
-            loss = loss_fn(model_, shard(batch(s), rank, n))
+            loss = loss_fn(model_, mine)
             start = time.perf_counter()
             loss.backward()
             backward = (start, time.perf_counter())
@@ -315,6 +319,21 @@ def test_prefetch_holds_two_blocks_at_once(trained):
             blocks = [p for g, _, p in out["groups"] if g != "root"]
             want = 4 * reference_peak_gathered(blocks, root[0] if root else 0, prefetch)
             assert out["peak_gathered"] == want, f"{name}/{task} at world size {n}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_gpu_parity(warm_ranks):
+    """On NCCL, one GPU per rank: each stage against PyTorch's own on the same GPUs."""
+    cfgs = [(name, opt, task) for task in TASKS for name, opt in CONFIGS if name != "zero_redundancy_optimizer"]
+    per_rank = parlab.launch(run_all, world_size=2, args=(cfgs,), timeout=300, output="rank0", announce=False)
+    pairs = [("zero1", "ddp", "adam"), ("zero1_all_reduce", "ddp", "adam"), ("zero2", "ddp", "adamw"),
+             ("zero3", "fsdp2", "adamw"), ("zero3_prefetch", "fsdp2", "adamw"), ("zero3_keep", "fsdp2_keep", "adamw"),
+             ("zero3_bf16", "fsdp2_bf16", "adamw")]
+    for task in TASKS:
+        for ours, theirs, opt in pairs:
+            a, b = per_rank[0][(ours, opt, task)], per_rank[0][(theirs, opt, task)]
+            assert_close(a["params"], b["params"], msg=lambda m, o=ours, t=theirs: f"{o} vs {t} on GPUs: {m}")
 
 
 # -- bad use ---------------------------------------------------------------------------------------------

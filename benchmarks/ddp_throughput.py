@@ -15,26 +15,21 @@ Writes ``benchmarks/results/ddp_throughput_<N>ranks.json`` and ``.png``, naming 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import add_timing_arguments, describe, machine, results_dir, timing_setup, write  # noqa: E402
+from _common import describe, machine, results_dir, timing_parser, timing_setup, write  # noqa: E402
 
 import parlab  # noqa: E402
 from parlab.bench.ddp import KINDS, LABELS, PRESETS, measure, plot  # noqa: E402
 from parlab.measure import summarize  # noqa: E402
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_timing_arguments(ap, PRESETS, steps=5, rounds=6, warmup=2)
+    ap = timing_parser(__doc__.split("\n\n")[0], PRESETS, steps=5)
     ap.add_argument("--bucket-mb", type=float, default=None, help="bucket size for v2, v3 and DDP alike")
     args = ap.parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")  # a script writes PNGs; a notebook importing plot() keeps its own backend
     preset, backend = timing_setup(ap, args)
     cfg = dict(PRESETS[preset], steps=args.steps, rounds=args.rounds, warmup=args.warmup)
     if args.bucket_mb is not None:

@@ -15,13 +15,12 @@ Writes ``benchmarks/results/pipeline_schedules_<N>ranks.json`` and ``.png``, nam
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import add_timing_arguments, describe, machine, results_dir, timing_setup, write  # noqa: E402
+from _common import describe, machine, results_dir, timing_parser, timing_setup, write  # noqa: E402
 
 import parlab  # noqa: E402
 from parlab.bench.pipeline import PRESETS, TORCH_SCHEDULES, measure, plot, summary  # noqa: E402
@@ -29,8 +28,7 @@ from parlab.launch import preload  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_timing_arguments(ap, PRESETS, steps=3, rounds=5, warmup=1)
+    ap = timing_parser(__doc__.split("\n\n")[0], PRESETS, steps=3, rounds=5, warmup=1)
     ap.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (default: the preset's)")
     args = ap.parse_args(argv)
     preset, backend = timing_setup(ap, args)

@@ -16,40 +16,23 @@ Writes ``benchmarks/results/tensor_parallel_<N>ranks.json`` and ``.png``, naming
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-from _common import describe, machine, results_dir, write  # noqa: E402
+from _common import describe, machine, results_dir, timing_parser, timing_setup, write  # noqa: E402
 
 import parlab  # noqa: E402
 from parlab.bench.tensor_parallel import KINDS, LABELS, PRESETS, plot, summary  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                    help="model sizes; default: gpu when world-size GPUs are visible, else cpu")
-    ap.add_argument("--steps", type=int, default=5, help="optimizer steps per timed block")
-    ap.add_argument("--rounds", type=int, default=6, help="timed blocks per implementation, interleaved")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    ap = timing_parser(__doc__.split("\n\n")[0], PRESETS, steps=5)
     args = ap.parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    for name in ("world_size", "steps", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
+    preset, backend = timing_setup(ap, args)
     if args.world_size < 2:
         ap.error("--world-size must be at least 2: tensor parallelism splits layers over several ranks")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    preset = args.preset or ("gpu" if gpus >= args.world_size else "cpu")
-    backend = "nccl" if gpus >= args.world_size else "gloo"
     cfg = dict(PRESETS[preset], steps=args.steps, rounds=args.rounds, warmup=args.warmup)
 
     from parlab.bench.tensor_parallel import measure

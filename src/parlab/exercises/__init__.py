@@ -4,7 +4,8 @@
   (plain functions over cases), :func:`first_difference`, :class:`Passed`, :class:`ExerciseFailed`.
 - ``ch00``: :func:`check_mean_over_ranks`.   ``ch01``: :func:`check_zero_memory`.
 - ``ch02``: :func:`check_ring_all_reduce`.   ``ch03``: :func:`check_average_gradients`.
-- ``ch05``: tensor-parallel layers and where their collectives go.   ``ch06``: pipeline schedules and the bubble.
+- ``ch04``: :func:`check_flat_sharding`, :func:`check_peak_gathered`, :func:`check_smallest_stage`.
+- ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`.
 - ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`, :func:`check_peak_activations`.
 
 Each check passes the package's reference answer and fails a planted wrong one with a precise message
@@ -15,12 +16,13 @@ from parlab.exercises.ch00 import check_mean_over_ranks
 from parlab.exercises.ch01 import check_zero_memory
 from parlab.exercises.ch02 import check_ring_all_reduce
 from parlab.exercises.ch03 import check_average_gradients, reference_average_gradients
+from parlab.exercises.ch04 import check_flat_sharding, check_peak_gathered, check_smallest_stage
 from parlab.exercises.ch05 import check_row_parallel_forward, check_tp_collectives, reference_tp_collectives
 from parlab.exercises.ch06 import check_one_f_one_b_order, check_peak_activations, check_smallest_micro_batches
 from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_ranks, first_difference
 
-__all__ = ["ExerciseFailed", "Passed", "check_average_gradients", "check_function", "check_mean_over_ranks",
-           "check_one_f_one_b_order", "check_peak_activations", "check_ranks", "check_ring_all_reduce",
-           "check_smallest_micro_batches", "check_zero_memory", "first_difference",
-           "reference_average_gradients", "check_row_parallel_forward", "check_tp_collectives",
-           "reference_tp_collectives"]
+__all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference",
+           "check_mean_over_ranks", "check_zero_memory", "check_ring_all_reduce", "check_average_gradients",
+           "reference_average_gradients", "check_flat_sharding", "check_peak_gathered", "check_smallest_stage",
+           "check_row_parallel_forward", "check_tp_collectives", "reference_tp_collectives",
+           "check_one_f_one_b_order", "check_peak_activations", "check_smallest_micro_batches"]

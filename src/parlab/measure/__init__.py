@@ -17,6 +17,8 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
 - bandwidth.py  ``sweep(op, sizes)`` on every rank → ``BandwidthPoint``s; ``fit_alpha_beta(sizes, seconds)``.
 - timeline.py   ``tl = Timeline()``; ``with tl.span("backward"):``; return ``tl.events``; in the notebook
                 ``merge(results)``, ``idle_gaps(events)``, then ``parlab.plots.gantt(events)``.
+- peak.py       ``peak_memory(fn, device=)`` → (fn's result, the most bytes it had allocated at once): CUDA's
+                statistics on a GPU, PyTorch's memory profiler on a CPU (ZeRO's steps in chapter 04).
 - steptime.py   ``time_alternating({name: step_fn}, rounds, steps)`` on every rank: step times of several
                 implementations timed in alternating rounds; ``summarize(times, reference)`` → medians and
                 paired throughput ratios (chapter 03's DDP comparison, and every benchmark).
@@ -57,6 +59,7 @@ from parlab.measure.memory import (
     measure_activations,
     measure_memory,
 )
+from parlab.measure.peak import peak_memory
 from parlab.measure.steptime import summarize, time_alternating
 from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
 
@@ -83,6 +86,7 @@ __all__ = [
     "measure_activations",
     "measure_memory",
     "merge",
+    "peak_memory",
     "record_comm",
     "record_ddp",
     "summarize",

@@ -4,7 +4,7 @@ Every strategy wraps (or transforms) a model written as ordinary single-device c
 *group* it works on as an argument; ``topology.py`` says which group that is for each axis (``dp``, ``tp``,
 ``pp``) and ``comm.py`` is the one door every strategy's collectives go through, so that one
 ``parlab.measure.CommLog`` can count them all. Chapter 03 teaches ``ddp`` (and ``dp``, DataParallel's data
-flow); chapter 05 teaches ``tensor`` (Megatron-style tensor parallelism; ``tensor_plan`` applies it to
+flow); chapter 04 ``zero`` (ZeRO stages 1–3); chapter 05 ``tensor`` (Megatron-style tensor parallelism; ``tensor_plan`` applies it to
 a model by a plan, ``tensor_models`` holds GPT-2's and Llama's); chapter 06 ``pipeline`` (its schedules, as
 data, in ``pipeline_schedule``); chapter 07 composes them on a mesh.
 """
@@ -19,7 +19,8 @@ from parlab.parallel.tensor import (
     vocab_parallel_cross_entropy,
 )
 from parlab.parallel.topology import AXES, Topology
+from parlab.parallel.zero import ZeroStage1, ZeroStage2, ZeroStage3
 
 __all__ = ["AXES", "Topology", "communicate", "communicate_batch", "DDPNaive", "DDPBuckets", "DDPOverlap",
-           "Pipeline", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
-           "vocab_parallel_cross_entropy"]
+           "ZeroStage1", "ZeroStage2", "ZeroStage3", "ColumnParallelLinear", "RowParallelLinear",
+           "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "Pipeline"]

@@ -16,6 +16,7 @@ so it should only record.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -25,6 +26,9 @@ import torch.distributed as dist
 from parlab.measure.comm import CommRecord, describe_group
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv")
+# PyTorch 2.13 renamed the tensor forms (the old names warn); older releases have only the old ones.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 OnCollective = Callable[[CommRecord], None]
 
 
@@ -37,7 +41,7 @@ def check_callback(on_collective) -> None:
 
 def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tensor | None = None,
                 src: int | None = None, peer: int | None = None, async_op: bool = False,
-                on_collective: OnCollective | None = None, label=None, reduce_op=None):
+                on_collective: OnCollective | None = None, label=None, reduce_op=dist.ReduceOp.SUM):
     """Run one op on ``group`` (``None``: the default group) and report it to ``on_collective``.
 
     - ``all_reduce``: sums ``tensor`` over the group, in place (``reduce_op=dist.ReduceOp.MAX``: the largest).
@@ -46,21 +50,23 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     - ``reduce_scatter``: ``output`` ← this rank's slice of the sum of every rank's ``tensor``.
     - ``send`` / ``recv``: ``tensor`` to / from the group's rank ``peer`` (in-group).
 
+    ``reduce_op`` (all-reduce, reduce-scatter): ``dist.ReduceOp.SUM`` by default; ``AVG`` divides the sum by
+    the group's size (ZeRO averages gradients so, as FSDP2 does).
+
     Returns ``None`` when synchronous; otherwise an object whose ``wait()`` returns once the op and its
     report are done.
     """
     group = group if group is not None else dist.group.WORLD
     start = time.perf_counter()
     if op == "all_reduce":
-        work = dist.all_reduce(tensor, op=reduce_op if reduce_op is not None else dist.ReduceOp.SUM, group=group,
-                               async_op=async_op)
+        work = dist.all_reduce(tensor, op=reduce_op, group=group, async_op=async_op)
     elif op == "broadcast":
         work = dist.broadcast(tensor, src=dist.get_global_rank(group, _need(src, "src", op)), group=group,
                               async_op=async_op)
     elif op == "all_gather":
-        work = dist.all_gather_into_tensor(_need(output, "output", op), tensor, group=group, async_op=async_op)
+        work = _all_gather(_need(output, "output", op), tensor, group=group, async_op=async_op)
     elif op == "reduce_scatter":
-        work = dist.reduce_scatter_tensor(_need(output, "output", op), tensor, group=group, async_op=async_op)
+        work = _reduce_scatter(_need(output, "output", op), tensor, op=reduce_op, group=group, async_op=async_op)
     elif op in ("send", "recv"):
         other = dist.get_global_rank(group, _need(peer, "peer", op))
         p2p = dist.isend if op == "send" else dist.irecv
@@ -85,7 +91,11 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
         return None
     if op in ("send", "recv"):  # gloo's point-to-point work has no future: report when waited for
         return _ReportOnWait(work, report)
-    return work.get_future().then(report)  # runs when the collective completes
+    try:
+        future = work.get_future()
+    except RuntimeError:  # gloo's reduce-scatter has none either: a thread waits, so the end time is exact
+        return _ReportFromThread(work, report)
+    return future.then(report)  # runs when the collective completes
 
 
 def communicate_batch(messages, group=None, *, on_collective: OnCollective | None = None) -> list:
@@ -133,6 +143,26 @@ class _ReportOnWait:
         if not self.done:
             self.done = True
             self.report()
+        return True
+
+
+class _ReportFromThread:
+    def __init__(self, work, report):
+        self.error = None
+        self.thread = threading.Thread(target=self._run, args=(work, report), daemon=True)
+        self.thread.start()
+
+    def _run(self, work, report):
+        try:
+            work.wait()
+            report()
+        except BaseException as exc:  # handed to whoever waits, on their own thread
+            self.error = exc
+
+    def wait(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
         return True
 
 

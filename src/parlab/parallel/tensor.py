@@ -71,7 +71,7 @@ def _divide(what: str, n: int, t: int) -> int:
     return n // t
 
 
-def _all_reduce(x, comm, direction, reduce_op=None):
+def _all_reduce(x, comm, direction, reduce_op=dist.ReduceOp.SUM):
     x = x.contiguous().clone()  # a fresh buffer: autograd may still need the one it came from
     comm.run("all_reduce", x, direction, reduce_op=reduce_op)
     return x

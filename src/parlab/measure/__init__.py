@@ -5,8 +5,11 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
 
 - memory.py     ``estimate_memory(model | num_params=, precision=, optimizer=, world_size=, zero_stage=,
                 tp_size=, pp_size=, micro_batch=, seq_len=, checkpointing=)`` → ``MemoryEstimate`` (bytes:
-                ``params``, ``grads``, ``optimizer``, ``activations``, ``total``); ``measure_memory(model,
-                optimizer)`` and ``measure_activations(model, *inputs)`` measure the same parts on a rank.
+                ``params``, ``grads``, ``optimizer``, ``buckets``, ``activations``, ``total``);
+                ``measure_memory(model, optimizer)`` and ``measure_activations(model, *inputs)`` measure
+                the same parts on a rank, ``peak_memory(fn)`` the most bytes allocated at once.
+- activations.py the activations term by term, from a transformers config (``Architecture``,
+                ``layer_terms``, ``end_terms``): what each op of GPT-2, Llama or BLOOM keeps.
 - comm.py       ``CommRecord``: one op (op, bytes, group_size, start, end, global rank, group_rank, label),
                 the one record of communication for every strategy; ``with record_comm(timeline=None) as
                 log:`` records every collective on this thread; ``record_ddp(ddp_model, log)`` for
@@ -50,9 +53,11 @@ from parlab.measure.memory import (
     MemoryMeasurement,
     activation_bytes_per_layer,
     count_params,
+    ddp_bucket_sizes,
     estimate_memory,
     measure_activations,
     measure_memory,
+    peak_memory,
 )
 from parlab.measure.steptime import summarize, time_alternating
 from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
@@ -72,6 +77,7 @@ __all__ = [
     "busbw",
     "comm_table",
     "count_params",
+    "ddp_bucket_sizes",
     "describe_group",
     "estimate_memory",
     "fit_alpha_beta",
@@ -79,6 +85,7 @@ __all__ = [
     "measure_activations",
     "measure_memory",
     "merge",
+    "peak_memory",
     "record_comm",
     "record_ddp",
     "summarize",

@@ -1,7 +1,7 @@
 """The course's pictures: every sequence of numbers the chapters measure is drawn with one of these.
 
 - :func:`rank_tensors`   every rank's tensor before and after a collective (chapter 02)
-- :func:`memory_bars`    stacked bytes per component (params, grads, optimizer, activations) per bar
+- :func:`memory_bars`    stacked bytes per component (params, grads, DDP buckets, optimizer, activations) per bar
                          (chapter 01; ZeRO stages in 04)
 - :func:`gantt`          per-rank timeline of compute / comm / idle events (chapters 02, 03, 06)
 - :func:`bandwidth`      time, algbw and busbw against message size, with an α-β fit (chapter 02)
@@ -16,7 +16,8 @@ import numpy as np
 from matplotlib.patches import Rectangle
 
 KIND_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#D9D9D9"}
-MEMORY_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B3"}
+MEMORY_COLORS = {"params": "#4C72B0", "grads": "#55A868", "buckets": "#8DCB9B", "optimizer": "#C44E52",
+                 "activations": "#8172B3"}
 
 
 def _fmt(v: float) -> str:

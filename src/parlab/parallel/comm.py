@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from parlab.measure.comm import CommRecord, describe_group
 
-OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv")
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "scatter", "gather", "reduce")
 OnCollective = Callable[[CommRecord], None]
 
 
@@ -36,7 +36,8 @@ def check_callback(on_collective) -> None:
 
 
 def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tensor | None = None,
-                src: int | None = None, peer: int | None = None, async_op: bool = False,
+                src: int | None = None, peer: int | None = None, dst: int | None = None,
+                chunks: list | None = None, async_op: bool = False,
                 on_collective: OnCollective | None = None, label=None):
     """Run one op on ``group`` (``None``: the default group) and report it to ``on_collective``.
 
@@ -45,13 +46,32 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     - ``all_gather``: ``output`` (group size × ``tensor``'s numel) ← every rank's ``tensor``, in group order.
     - ``reduce_scatter``: ``output`` ← this rank's slice of the sum of every rank's ``tensor``.
     - ``send`` / ``recv``: ``tensor`` to / from the group's rank ``peer`` (in-group).
+    - ``scatter``: ``tensor`` ← chunk r of ``chunks``, the list of group-size tensors that only rank ``src``
+      gives (chapter 03: DataParallel's inputs leaving GPU 0).
+    - ``gather``: ``chunks`` (given on rank ``dst`` only) ← every rank's ``tensor``, in group order.
+    - ``reduce``: the sum of every rank's ``tensor`` lands in ``tensor`` on rank ``dst`` (other ranks'
+      buffers are left unspecified, as ``dist.reduce`` says).
+
+    Bytes recorded follow nccl-tests' "size" on every rank: the whole buffer (all-reduce, broadcast,
+    reduce, send/recv), the gathered output (all-gather, gather: group size × ``tensor``) or the input
+    before it is split (reduce-scatter, scatter: group size × ``tensor``).
 
     Returns ``None`` when synchronous; otherwise an object whose ``wait()`` returns once the op and its
     report are done.
     """
     group = group if group is not None else dist.group.WORLD
     start = time.perf_counter()
-    if op == "all_reduce":
+    if op in ("scatter", "gather", "reduce"):
+        root = dist.get_global_rank(group, _need(src if op == "scatter" else dst,
+                                                 "src" if op == "scatter" else "dst", op))
+        mine = dist.get_rank() == root
+        if op == "scatter":
+            work = dist.scatter(tensor, chunks if mine else None, src=root, group=group, async_op=async_op)
+        elif op == "gather":
+            work = dist.gather(tensor, chunks if mine else None, dst=root, group=group, async_op=async_op)
+        else:
+            work = dist.reduce(tensor, root, group=group, async_op=async_op)
+    elif op == "all_reduce":
         work = dist.all_reduce(tensor, group=group, async_op=async_op)
     elif op == "broadcast":
         work = dist.broadcast(tensor, src=dist.get_global_rank(group, _need(src, "src", op)), group=group,
@@ -75,6 +95,8 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     nbytes = (output if op == "all_gather" else tensor)
     nbytes = nbytes.numel() * nbytes.element_size()
     rank, group_rank, size = describe_group(group)
+    if op in ("scatter", "gather"):  # every rank holds one chunk; the buffer is all of them
+        nbytes *= size
 
     def report(_=None):
         on_collective(CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label))

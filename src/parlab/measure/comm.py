@@ -150,10 +150,6 @@ class CommLog:
         return totals(self.records)
 
 
-def totals(self) -> dict[str, dict]:
-        return totals(self.records)
-
-
 def totals(records) -> dict[str, dict]:
     """Per op: number of calls, bytes and seconds, summed over ``records`` (one rank's, or any list)."""
     out: dict[str, dict] = defaultdict(lambda: {"calls": 0, "bytes": 0, "seconds": 0.0})

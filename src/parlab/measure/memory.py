@@ -315,16 +315,17 @@ def _optimizer_tensors(optimizer):
         yield from (v for v in state.values() if isinstance(v, torch.Tensor))
 
 
-def ddp_bucket_sizes(ddp_model) -> list[int]:
-    """Bytes of each gradient bucket of a ``DistributedDataParallel`` model, in the reducer's order.
+def ddp_buckets(ddp_model) -> list[tuple[list[str], int]]:
+    """(parameter names, bytes) of each gradient bucket of a ``DistributedDataParallel`` model, in the
+    order its reducer launches them (chapter 03).
 
-    Read from DDP's own logging data (``_get_ddp_logging_data()``): ``bucket_sizes`` as built at
-    construction, ``rebuilt_bucket_sizes`` once the buckets have been rebuilt (PyTorch rebuilds them once,
-    at the second forward, in the order gradients became ready in the first backward).
+    Read from the reducer itself (``_get_zeros_like_grad_buckets``, which allocates zero-filled copies of
+    the buckets for the moment of the call): the layout DDP uses now. PyTorch builds one layout at
+    construction and rebuilds it once, at the second forward, in the order gradients became ready.
     """
-    data = ddp_model._get_ddp_logging_data()
-    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
-    return [int(x) for x in str(sizes).split(",") if x.strip()]
+    names = {id(p): n for n, p in ddp_model.module.named_parameters()}
+    return [([names[id(p)] for p in bucket.parameters()], bucket.buffer().numel() * bucket.buffer().element_size())
+            for bucket in ddp_model.reducer._get_zeros_like_grad_buckets()]
 
 
 def measure_memory(model: nn.Module, optimizer=None) -> MemoryMeasurement:
@@ -344,7 +345,7 @@ def measure_memory(model: nn.Module, optimizer=None) -> MemoryMeasurement:
     opt = _storage_bytes(_optimizer_tensors(optimizer), seen) if optimizer is not None else 0
     buckets = 0
     if isinstance(model, nn.parallel.DistributedDataParallel) and not model.gradient_as_bucket_view:
-        buckets = sum(ddp_bucket_sizes(model))
+        buckets = sum(nbytes for _, nbytes in ddp_buckets(model))
     peak = None
     if torch.cuda.is_available() and any(p.is_cuda for p in model.parameters()):
         peak = torch.cuda.max_memory_allocated()
@@ -365,10 +366,20 @@ def peak_memory(fn, *args, **kwargs) -> tuple[int, object]:
         out = fn(*args, **kwargs)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - start, out
+    import os
+
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn(*args, **kwargs)
+    # Kineto prints a line at each profiler start and stop unless its log level says not to (it reads the
+    # variable when it logs, so setting it around the call is enough)
+    level = os.environ.get("KINETO_LOG_LEVEL")
+    os.environ["KINETO_LOG_LEVEL"] = level or "6"
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = fn(*args, **kwargs)
+    finally:
+        if level is None:
+            os.environ.pop("KINETO_LOG_LEVEL", None)
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
     live = peak = 0

@@ -218,3 +218,12 @@ def test_communicate_scatter_gather_reduce_to_a_root_other_than_zero():
     torch.testing.assert_close(results[1][1], [torch.full((3,), r + 10.0) for r in range(n)])
     torch.testing.assert_close(results[1][2], torch.full((2,), 6.0))
     assert bus_factor("scatter", 4) == bus_factor("gather", 4) == pytest.approx(0.75)
+
+
+def test_nccl_transports_reads_the_channels_of_an_nccl_log():
+    from parlab.measure import nccl_transports
+    log = ("node1:7:7 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
+           "node1:7:7 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via SHM/direct/direct\n"
+           "node1:7:7 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1\n")
+    assert nccl_transports(log) == {"P2P", "SHM"}
+    assert nccl_transports("NCCL INFO Init COMPLETE") == set()

@@ -69,7 +69,8 @@ def check_hang_prediction(waiting_ranks, world_size: int = 4, timeout: float = 2
     else:
         raise ExerciseFailed("the launch did not hang: with an odd number of ranks in a barrier it should")
     if predicted != waiting:
-        raise ExerciseFailed(f"you predicted ranks {predicted} would be left waiting; the launcher found "
-                             f"ranks {waiting} waiting in the barrier. A collective completes only when every "
-                             f"rank of the group has called it.")
+        raise ExerciseFailed(f"you predicted ranks {predicted} would be left waiting, but the launcher found "
+                             f"{len(waiting)} rank(s) waiting in the barrier, and not those. A collective "
+                             f"completes only when every rank of the group has called it: which ranks called "
+                             f"it, and which had already returned?")
     return Passed(f"ranks {waiting} waited in the barrier for ranks that never came, as you predicted")

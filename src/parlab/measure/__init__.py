@@ -15,7 +15,8 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
                 log:`` records every collective on this thread; ``record_ddp(ddp_model, log)`` for
                 PyTorch's DDP; ``on_collective=log`` for the course's strategies (``parlab.parallel``);
                 ``totals(records)``, ``comm_table(records_by_rank)``, ``bus_factor``, ``busbw``.
-- bandwidth.py  ``sweep(op, sizes)`` on every rank → ``BandwidthPoint``s; ``fit_alpha_beta(sizes, seconds)``.
+- bandwidth.py  ``sweep(op, sizes)`` on every rank → ``BandwidthPoint``s; ``fit_alpha_beta(sizes, seconds)``;
+                ``nccl_transports(log)``: which transports NCCL chose (P2P, SHM, NET).
 - timeline.py   ``tl = Timeline()``; ``with tl.span("backward"):``; return ``tl.events``; in the notebook
                 ``merge(results)``, ``idle_gaps(events)``, then ``parlab.plots.gantt(events)``.
 - steptime.py   ``time_alternating({name: step_fn}, rounds, steps)`` on every rank: step times of several
@@ -34,7 +35,7 @@ A DDP step, recorded for chapter 03 (runs on each rank inside ``parlab.launch``)
     return {"events": tl.events, "records": log.records}
 """
 
-from parlab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, sweep
+from parlab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, nccl_transports, sweep
 from parlab.measure.comm import (
     CommLog,
     CommRecord,
@@ -85,6 +86,7 @@ __all__ = [
     "measure_activations",
     "measure_memory",
     "merge",
+    "nccl_transports",
     "peak_memory",
     "record_comm",
     "record_ddp",

@@ -69,7 +69,8 @@ class Term:
 class Architecture:
     """The choices of a decoder-only transformer that decide what its layers save.
 
-    ``family``: ``"gpt"`` (Korthikanti's GPT layer, the default for a model without a known config),
+    ``family``: ``"gpt"`` (Korthikanti's GPT layer, counted exactly as the paper does: without
+    LayerNorm's per-token statistics; the default for a model without a known config),
     ``"gpt2"``, ``"llama"`` (also Mistral, Qwen2) or ``"bloom"``. Build it with :meth:`from_config`.
     """
 
@@ -195,10 +196,12 @@ def activation_saves(name: str, bytes_per_value: int) -> tuple[float, bool]:
 def _norm_terms(arch: Architecture, where: str, n: int, tokens: int, d: int, device: str) -> list[Term]:
     """What one norm keeps for an input of ``n`` elements over ``tokens`` tokens."""
     if arch.norm == "layernorm":
+        kept = [Term(f"{where} LayerNorm input", n, d, KORTHIKANTI, "sp")]
+        if arch.family == "gpt":  # the paper's layer, exactly as the paper counts it
+            return kept
         stats = 4 if device == "cuda" else d  # ATen keeps mean and 1/std in the accumulation type on GPUs
-        return [Term(f"{where} LayerNorm input", n, d, KORTHIKANTI, "sp"),
-                Term(f"{where} LayerNorm mean and 1/std", 2 * tokens, stats,
-                     "ATen native_layer_norm (left out by Korthikanti et al.)", "sp")]
+        return kept + [Term(f"{where} LayerNorm mean and 1/std", 2 * tokens, stats,
+                            "ATen native_layer_norm (left out by Korthikanti et al.)", "sp")]
     # LlamaRMSNorm: x.to(float32) is saved by pow and by the multiplication with rsqrt; rsqrt by that
     # multiplication; x̂.to(input dtype) by the multiplication with the weight
     return [Term(f"{where} RMSNorm input, upcast to fp32", n, 4, f"{HF} LlamaRMSNorm: hidden_states.to(float32)",

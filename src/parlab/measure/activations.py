@@ -25,7 +25,6 @@ Dropout.cpp``: ``is_fused_kernel_acceptable`` is true for CUDA tensors only, els
 
 from __future__ import annotations
 
-import copy
 import functools
 from dataclasses import dataclass, replace
 
@@ -145,21 +144,23 @@ def _attention_of(config) -> str:
     return "sdpa" if chosen in ("sdpa", "flash_attention_2", "flash_attention_3") else chosen
 
 
-@functools.cache  # building on the meta device takes a second; configs are not hashable, their JSON is
-def _default_attention(config_json: str) -> str:
-    """The attention transformers picks for a config that names none (it prefers sdpa where supported)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(**_from_json(config_json))
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(copy.deepcopy(config)).config._attn_implementation
-
-
-def _from_json(config_json: str) -> dict:
+@functools.cache  # building a large model on the meta device takes seconds; configs are not hashable, JSON is
+def meta_model(config_json: str):
+    """The model transformers builds for a config (given as its JSON), on the meta device: shapes, no
+    storage, nothing downloaded. Built from the JSON, so nothing is written into the caller's config."""
     import json
 
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     data = json.loads(config_json)
-    return {"model_type": data.pop("model_type"), **data}
+    config = AutoConfig.for_model(data.pop("model_type"), **data)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _default_attention(config_json: str) -> str:
+    """The attention transformers picks for a config that names none (it prefers sdpa where supported)."""
+    return meta_model(config_json).config._attn_implementation
 
 
 @functools.cache

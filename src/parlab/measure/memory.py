@@ -45,7 +45,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from parlab.measure.activations import ATTENTIONS, DEVICES, Architecture, end_terms, layer_terms, left_out
+from parlab.measure.activations import (
+    ATTENTIONS,
+    DEVICES,
+    Architecture,
+    end_terms,
+    layer_terms,
+    left_out,
+    meta_model,
+)
 from parlab.parallel.topology import Topology
 
 #: Bytes of optimizer state per parameter, for a optimizer kept in fp32 (the master weights are extra).
@@ -104,18 +112,13 @@ def count_params(model) -> int:
 
     A config is built on the meta device, so no weights are allocated and nothing is downloaded; tied
     weights (GPT-2's embedding and output layer) count once, as ``Module.parameters()`` yields them once.
-    The config is copied first: building a model writes its choice of attention into the config.
+    It is rebuilt from its JSON (so building writes nothing into the caller's config) and the count is
+    remembered per config.
     """
     if isinstance(model, nn.Module):
         return sum(p.numel() for p in model.parameters())
     if hasattr(model, "to_dict") and hasattr(model, "model_type"):  # a transformers PretrainedConfig
-        import copy
-
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            built = AutoModelForCausalLM.from_config(copy.deepcopy(model))
-        return count_params(built)
+        return count_params(meta_model(model.to_json_string()))
     raise TypeError(f"model={type(model).__name__} must be an nn.Module or a transformers config "
                     f"(e.g. GPT2Config(...)); for a bare count pass num_params=")
 

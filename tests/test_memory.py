@@ -306,7 +306,7 @@ def test_checkpointing_peak_holds_one_recomputed_layer():
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model(x, labels=x).loss.backward()  # gradients exist from now on: the next backward allocates none
         model.zero_grad(set_to_none=False)
-        peaks.append(peak_memory(lambda: model(x, labels=x).loss.backward())[0])
+        peaks.append(peak_memory(lambda: model(x, labels=x).loss.backward())[1])
         estimates.append(estimate_memory(model, micro_batch=2, seq_len=128, checkpointing=checkpointing).activations)
     # the backward's own temporaries are the same with and without checkpointing, so the peaks differ by
     # what the estimates differ by: (layers - 1) layers' activations less the layer inputs kept
@@ -314,3 +314,18 @@ def test_checkpointing_peak_holds_one_recomputed_layer():
     one_layer_only_inputs = estimate_memory(num_params=1, micro_batch=2, seq_len=128, hidden=64, layers=4,
                                             heads=4, checkpointing=True, dropout=False, device="cpu")
     assert estimates[1] > one_layer_only_inputs.activations  # the recomputed layer and the ends are counted
+
+
+def test_a_built_models_own_activation_is_counted_not_its_configs_name():
+    from transformers.activations import ACT2FN
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=256, bos_token_id=0, eos_token_id=0,
+                     attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)  # activation_function: gelu_new
+    cfg._attn_implementation = "eager"
+    model = GPT2LMHeadModel(cfg)
+    for block in model.transformer.h:  # swapped for PyTorch's GeLU, as chapter 05 does; the config still says gelu_new
+        block.mlp.act = ACT2FN["gelu"]
+    x = torch.randint(0, 256, (2, 64))
+    assert estimate_memory(model, micro_batch=2, seq_len=64).activations == \
+        pytest.approx(measure_activations(model, x, labels=x), rel=0.002)
+    assert estimate_memory(cfg, micro_batch=2, seq_len=64, device="cpu").activations > \
+        1.2 * estimate_memory(model, micro_batch=2, seq_len=64).activations  # the config alone: gelu_new

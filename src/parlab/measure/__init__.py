@@ -7,7 +7,7 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
                 tp_size=, pp_size=, micro_batch=, seq_len=, checkpointing=)`` → ``MemoryEstimate`` (bytes:
                 ``params``, ``grads``, ``optimizer``, ``buckets``, ``activations``, ``total``);
                 ``measure_memory(model, optimizer)`` and ``measure_activations(model, *inputs)`` measure
-                the same parts on a rank, ``peak_memory(fn)`` the most bytes allocated at once.
+                the same parts on a rank.
 - activations.py the activations term by term, from a transformers config (``Architecture``,
                 ``layer_terms``, ``end_terms``): what each op of GPT-2, Llama or BLOOM keeps.
 - comm.py       ``CommRecord``: one op (op, bytes, group_size, start, end, global rank, group_rank, label),
@@ -19,6 +19,8 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
                 ``nccl_transports(log)``: which transports NCCL chose (P2P, SHM, NET).
 - timeline.py   ``tl = Timeline()``; ``with tl.span("backward"):``; return ``tl.events``; in the notebook
                 ``merge(results)``, ``idle_gaps(events)``, then ``parlab.plots.gantt(events)``.
+- peak.py       ``peak_memory(fn, device=)`` → (fn's result, the most bytes it had allocated at once): CUDA's
+                statistics on a GPU, PyTorch's memory profiler on a CPU (ZeRO's steps in chapter 04).
 - steptime.py   ``time_alternating({name: step_fn}, rounds, steps)`` on every rank: step times of several
                 implementations timed in alternating rounds; ``summarize(times, reference)`` → medians and
                 paired throughput ratios (chapter 03's DDP comparison, and every benchmark).
@@ -58,8 +60,8 @@ from parlab.measure.memory import (
     estimate_memory,
     measure_activations,
     measure_memory,
-    peak_memory,
 )
+from parlab.measure.peak import peak_memory
 from parlab.measure.steptime import summarize, time_alternating
 from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
 

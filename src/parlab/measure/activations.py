@@ -26,7 +26,7 @@ Dropout.cpp``: ``is_fused_kernel_acceptable`` is true for CUDA tensors only, els
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -90,6 +90,9 @@ class Architecture:
     embedding_norm: bool = False  # BLOOM's word_embeddings_layernorm
     rotary: bool = False  # Llama's rotary embedding: one cos and one sin table for all layers
     vocab: int | None = None
+    #: the MLP's activation module itself, when the estimate is for a built model: probed instead of the
+    #: config's name, in case the model's code and its config disagree (a swapped activation)
+    activation_fn: object = field(default=None, compare=False, repr=False)
 
     @classmethod
     def gpt(cls, hidden: int, layers: int, heads: int, vocab: int | None = None, dropout: bool = True,
@@ -175,13 +178,16 @@ def activation_saves(name: str, bytes_per_value: int) -> tuple[float, bool]:
     if name == "bloom":
         from transformers.models.bloom.modeling_bloom import BloomGelu
 
-        fn = BloomGelu()
-    else:
-        from transformers.activations import ACT2FN
+        return probe_activation(BloomGelu(), bytes_per_value)
+    from transformers.activations import ACT2FN
 
-        if name not in ACT2FN:
-            raise ValueError(f"activation {name!r} is not a transformers activation (ACT2FN)")
-        fn = ACT2FN[name]
+    if name not in ACT2FN:
+        raise ValueError(f"activation {name!r} is not a transformers activation (ACT2FN)")
+    return probe_activation(ACT2FN[name], bytes_per_value)
+
+
+def probe_activation(fn, bytes_per_value: int) -> tuple[float, bool]:
+    """:func:`activation_saves` for a callable: what ``fn`` keeps for backward, per element of its input."""
     x = torch.randn(256, dtype=DTYPES[bytes_per_value]).requires_grad_()
     seen: dict[int, int] = {}
 
@@ -251,7 +257,10 @@ def layer_terms(arch: Architecture, seq_len: int, micro_batch: int, bytes_per_va
     terms += _dropout_terms("attention output", arch.resid_dropout, u, m, "sp")
     terms += _norm_terms(arch, "MLP", u, tokens, d, device)
     terms.append(Term("MLP input", u, d, KORTHIKANTI, "sp"))
-    act_bytes, act_keeps_output = activation_saves(arch.activation, d)
+    if arch.activation_fn is not None:
+        act_bytes, act_keeps_output = probe_activation(arch.activation_fn, d)
+    else:
+        act_bytes, act_keeps_output = activation_saves(arch.activation, d)
     act_source = f"{arch.activation}: measured on a probe (activation_saves)"
     if arch.gated_mlp:
         # down(act(gate(x)) * up(x)): act keeps gate(x); the product keeps act(gate(x)) and up(x); down

@@ -33,8 +33,8 @@ pp_size`` ways. Activations are counted term by term from the model's architectu
 
 :func:`estimate_memory` predicts; :func:`measure_memory` walks the tensors a rank really holds, counting
 each storage once; :func:`measure_activations` counts the bytes autograd saves for backward;
-:func:`peak_memory` the most bytes PyTorch had allocated at once during a call. Chapter 01 shows them
-side by side; tests hold them within 5%.
+:func:`parlab.measure.peak.peak_memory` the most bytes PyTorch had allocated at once during a call.
+Chapter 01 shows them side by side; tests hold them within 5%.
 """
 
 from __future__ import annotations
@@ -163,6 +163,11 @@ def architecture(model=None, *, hidden=None, layers=None, heads=None, vocab=None
                              "config (dropout=None follows it, dropout=False turns it off)")
         overrides = {k: v for k, v in (("hidden", hidden), ("layers", layers), ("heads", heads),
                                         ("vocab", vocab)) if v}
+        act = _activation_module(model, arch.family) if isinstance(model, nn.Module) else None
+        if act is not None:  # the model's own activation is probed, whatever its config says
+            overrides["activation_fn"] = act
+            if type(act).__name__ != _activation_class(arch.activation):
+                overrides["activation"] = type(act).__name__
         if overrides:
             from dataclasses import replace
 
@@ -172,6 +177,29 @@ def architecture(model=None, *, hidden=None, layers=None, heads=None, vocab=None
     if missing:
         raise ValueError(f"activations need {', '.join(missing)}= (or a transformers config that has them)")
     return Architecture.gpt(hidden, layers, heads, vocab, dropout is not False, attention or "eager")
+
+
+#: where each family keeps its MLP's activation module (transformers' modeling code)
+_ACTIVATION_PATHS = {"gpt2": "transformer.h.0.mlp.act", "llama": "model.layers.0.mlp.act_fn",
+                     "bloom": "transformer.h.0.mlp.gelu_impl"}
+
+
+def _activation_class(name: str) -> str | None:
+    """The class name transformers builds for an activation name (BLOOM's own GeLU for "bloom")."""
+    if name == "bloom":
+        return "BloomGelu"
+    from transformers.activations import ACT2FN
+
+    return type(ACT2FN[name]).__name__ if name in ACT2FN else None
+
+
+def _activation_module(model: nn.Module, family: str):
+    """The first layer's MLP activation of a built transformers model, or None where it is not found."""
+    path = _ACTIVATION_PATHS.get(family)
+    try:
+        return model.get_submodule(path) if path else None
+    except AttributeError:
+        return None
 
 
 def estimate_memory(model=None, *, num_params: int | float | None = None, precision: str = "fp32",
@@ -353,43 +381,6 @@ def measure_memory(model: nn.Module, optimizer=None) -> MemoryMeasurement:
     if torch.cuda.is_available() and any(p.is_cuda for p in model.parameters()):
         peak = torch.cuda.max_memory_allocated()
     return MemoryMeasurement(params, grads, opt, peak, buckets)
-
-
-def peak_memory(fn, *args, **kwargs) -> tuple[int, object]:
-    """(most bytes allocated at once above the start, ``fn``'s result) while ``fn(*args, **kwargs)`` runs.
-
-    On CUDA this is ``torch.cuda.max_memory_allocated`` after a reset. On CPU PyTorch's profiler
-    (``profile_memory=True``) reports every allocation and free of its CPU allocator; the peak is the
-    largest running sum. It sees tensors only (not Python objects), which is what training memory is.
-    """
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        start = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = fn(*args, **kwargs)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - start, out
-    import os
-
-    from torch.profiler import ProfilerActivity, profile
-
-    # Kineto prints a line at each profiler start and stop unless its log level says not to (it reads the
-    # variable when it logs, so setting it around the call is enough)
-    level = os.environ.get("KINETO_LOG_LEVEL")
-    os.environ["KINETO_LOG_LEVEL"] = level or "6"
-    try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            out = fn(*args, **kwargs)
-    finally:
-        if level is None:
-            os.environ.pop("KINETO_LOG_LEVEL", None)
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak, out
 
 
 def measure_activations(model: nn.Module, *inputs, **kwargs) -> int:

@@ -170,27 +170,23 @@ def test_weighted_average_check_both_ways():
         check_weighted_average(lambda params, b: None, world_size=2)
 
 
-def ddp_buckets(ready_bytes, bucket_cap_mb=None):
-    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20
-    limit = 2**20 if bucket_cap_mb is None else cap  # a small first bucket only at the default cap
-    buckets, size = [], 0
+def _close_buckets(ready_bytes, first_limit, cap):
+    buckets, size, limit = [], 0, first_limit
     for nbytes in ready_bytes:
         size += nbytes
         if size >= limit:
             buckets.append(size)
             size, limit = 0, cap
     return buckets + ([size] if size else [])
+
+
+def ddp_buckets(ready_bytes, bucket_cap_mb=None):
+    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20
+    return _close_buckets(ready_bytes, 2**20 if bucket_cap_mb is None else cap, cap)  # small first: default only
 
 
 def ddp_buckets_always_1mib_first(ready_bytes, bucket_cap_mb=None):
-    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20
-    buckets, size, limit = [], 0, 2**20
-    for nbytes in ready_bytes:
-        size += nbytes
-        if size >= limit:
-            buckets.append(size)
-            size, limit = 0, cap
-    return buckets + ([size] if size else [])
+    return _close_buckets(ready_bytes, 2**20, (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20)
 
 
 def test_ddp_buckets_check_against_pytorch():

@@ -226,3 +226,39 @@ def test_communicate_batch_refuses_a_collective():
 
     with pytest.raises(parlab.RankError, match="only 'send' and 'recv'"):
         parlab.launch(bad, world_size=2, timeout=20, output="none", announce=False)
+
+
+def _rooted_ops():
+    from parlab.measure import CommLog
+    from parlab.parallel.comm import communicate
+    rank, n = dist.get_rank(), dist.get_world_size()
+    log = CommLog()
+    mine = torch.empty(3)
+    chunks = [torch.full((3,), float(r)) for r in range(n)] if rank == 1 else None
+    communicate("scatter", mine, src=1, chunks=chunks, on_collective=log)
+    gathered = [torch.empty(3) for _ in range(n)] if rank == 1 else None
+    communicate("gather", mine + 10, dst=1, chunks=gathered, on_collective=log)
+    total = torch.full((2,), float(rank + 1))
+    communicate("reduce", total, dst=1, on_collective=log)
+    return mine, gathered, total if rank == 1 else None, [(r.op, r.bytes, r.group_size) for r in log.records]
+
+
+def test_communicate_scatter_gather_reduce_to_a_root_other_than_zero():
+    n = 3
+    results = parlab.launch(_rooted_ops, world_size=n, timeout=20, output="none", announce=False)
+    for rank, (mine, gathered, total, records) in enumerate(results):
+        torch.testing.assert_close(mine, torch.full((3,), float(rank)))
+        # sizes: the whole scattered / gathered buffer (n chunks), the reduced buffer, on every rank
+        assert records == [("scatter", 12 * n, n), ("gather", 12 * n, n), ("reduce", 8, n)]
+    torch.testing.assert_close(results[1][1], [torch.full((3,), r + 10.0) for r in range(n)])
+    torch.testing.assert_close(results[1][2], torch.full((2,), 6.0))
+    assert bus_factor("scatter", 4) == bus_factor("gather", 4) == pytest.approx(0.75)
+
+
+def test_nccl_transports_reads_the_channels_of_an_nccl_log():
+    from parlab.measure import nccl_transports
+    log = ("node1:7:7 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
+           "node1:7:7 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via SHM/direct/direct\n"
+           "node1:7:7 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1\n")
+    assert nccl_transports(log) == {"P2P", "SHM"}
+    assert nccl_transports("NCCL INFO Init COMPLETE") == set()

@@ -106,3 +106,27 @@ def test_a_leased_launch_avoids_a_held_gpu(tmp_path, monkeypatch):
     assert visible == "1"
     assert uuid != str(torch.cuda.get_device_properties(0).uuid)
     assert set(lease.holders_of(folder=str(tmp_path)).values()) == {None}  # the launch let go of GPU 1
+
+
+def _nccl_all_reduce():
+    t = torch.ones(1 << 20, device=parlab.device())  # (1M,): 4 MiB, enough for NCCL to set up its channels
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+
+
+@needs_two
+@pytest.mark.parametrize("disable", ["0", "1"])
+def test_nccl_p2p_disable_takes_effect(disable, tmp_path, monkeypatch):
+    # chapter 02 and the guide's benchmark turn NVLink off with NCCL_P2P_DISABLE=1. NCCL reads it when a
+    # process makes its first communicator, so it is set before the launch (ranks take on the caller's
+    # environment); NCCL's own log then names each channel's transport.
+    from parlab.measure import nccl_transports
+
+    monkeypatch.setenv("NCCL_P2P_DISABLE", disable)
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("NCCL_DEBUG_FILE", str(tmp_path / "nccl.%h.%p.log"))
+    parlab.launch(_nccl_all_reduce, 2, backend="nccl")
+    transports = nccl_transports("".join(p.read_text() for p in tmp_path.glob("nccl.*.log")))
+    assert transports, "NCCL wrote no channel lines: was NCCL_DEBUG_FILE honoured?"
+    if disable == "1":
+        assert "P2P" not in transports

@@ -1,11 +1,12 @@
 """The course's pictures: every sequence of numbers the chapters measure is drawn with one of these.
 
 - :func:`rank_tensors`   every rank's tensor before and after a collective (chapter 02)
-- :func:`memory_bars`    stacked bytes per component (params, grads, optimizer, activations) per bar
+- :func:`memory_bars`    stacked bytes per component (params, grads, DDP buckets, optimizer, activations) per bar
                          (chapter 01; ZeRO stages in 04)
 - :func:`gantt`          per-rank timeline of compute / comm / idle events (chapters 02, 03, 06)
 - :func:`bandwidth`      time, algbw and busbw against message size, with an α-β fit (chapter 02)
 - :func:`pipeline`       a pipeline's forwards and backwards per rank, idle time, activations held (chapter 06)
+- :func:`comm_bytes`     bytes per rank, one segment per op (chapter 03: DataParallel vs DDP)
 
 Each returns the matplotlib ``Figure``; end the notebook line with ``;`` so it is drawn once.
 ``memory_bars(..., pyplot=False)`` makes a plain ``Figure`` that pyplot never sees: a widget callback,
@@ -20,7 +21,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 KIND_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#D9D9D9"}
-MEMORY_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B3"}
+MEMORY_COLORS = {"params": "#4C72B0", "grads": "#55A868", "buckets": "#8DCB9B", "optimizer": "#C44E52",
+                 "activations": "#8172B3"}
 
 
 def _fmt(v: float) -> str:
@@ -332,4 +334,38 @@ def matmul_split(tp_size: int, title: str = ""):
     if title:
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def comm_bytes(records_by_rank, title: str = "", unit: float = 1024, unit_name: str = "KiB", ax=None):
+    """Horizontal stacked bars, one per rank: the bytes of each op it took part in (the nccl-tests size of
+    :class:`parlab.measure.CommRecord`), one segment per op and label (chapter 03: DataParallel's
+    exchanges). ``records_by_rank``: what the ranks returned, a list of record lists indexed by rank."""
+    records_by_rank = [list(r) for r in records_by_rank]
+    keys: list[str] = []
+    for records in records_by_rank:
+        for r in records:
+            key = r.op if r.label is None else f"{r.op} {r.label}"
+            if key not in keys:
+                keys.append(key)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 0.55 * len(records_by_rank) + 1.6))
+    else:
+        fig = ax.figure
+    left = np.zeros(len(records_by_rank))
+    colors = plt.get_cmap("tab10")
+    for k, key in enumerate(keys):
+        widths = np.array([sum(r.bytes for r in records if (r.op if r.label is None else f"{r.op} {r.label}") == key)
+                           for records in records_by_rank]) / unit
+        ax.barh(range(len(records_by_rank)), widths, left=left, color=colors(k % 10), label=key)
+        left += widths
+    for y, total in enumerate(left):
+        ax.text(total, y, f" {total:,.0f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(records_by_rank)), [f"rank {r}" for r in range(len(records_by_rank))])
+    if not ax.yaxis_inverted():
+        ax.invert_yaxis()
+    ax.set_xlabel(f"{unit_name} per op (nccl-tests size)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
     return fig

@@ -29,7 +29,8 @@ send and recv the message), ``group_size``, ``start`` and ``end`` (``time.perf_c
 Bandwidth follows nccl-tests (doc/PERFORMANCE.md): ``algbw = bytes / seconds``, and ``busbw = algbw ×
 factor`` where the factor (``bus_factor``) makes numbers comparable to the hardware's link speed:
 ``2(n−1)/n`` for all-reduce, ``(n−1)/n`` for all-gather, reduce-scatter and all-to-all, 1 for broadcast,
-reduce and send/recv.
+reduce and send/recv. nccl-tests has no scatter or gather; for them the course records the whole buffer
+(all chunks) and uses ``(n−1)/n``, the share of it that crosses the root's link.
 
 Usage on a rank (inside ``parlab.launch``)::
 
@@ -64,7 +65,7 @@ OP_NAMES = {
 BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
                "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "send": lambda n: 1.0,
-               "recv": lambda n: 1.0}
+               "recv": lambda n: 1.0, "scatter": lambda n: (n - 1) / n, "gather": lambda n: (n - 1) / n}
 
 
 @dataclass(frozen=True)
@@ -146,10 +147,6 @@ class CommLog:
         return record
 
     def totals(self) -> dict[str, dict]:
-        return totals(self.records)
-
-
-def totals(self) -> dict[str, dict]:
         return totals(self.records)
 
 

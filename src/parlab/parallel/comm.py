@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from parlab.measure.comm import CommRecord, describe_group
 
-OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv")
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "scatter", "gather", "reduce")
 # PyTorch 2.13 renamed the tensor forms (the old names warn); older releases have only the old ones.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -40,7 +40,8 @@ def check_callback(on_collective) -> None:
 
 
 def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tensor | None = None,
-                src: int | None = None, peer: int | None = None, async_op: bool = False,
+                src: int | None = None, peer: int | None = None, dst: int | None = None,
+                chunks: list | None = None, async_op: bool = False,
                 on_collective: OnCollective | None = None, label=None, reduce_op=dist.ReduceOp.SUM):
     """Run one op on ``group`` (``None``: the default group) and report it to ``on_collective``.
 
@@ -49,6 +50,15 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     - ``all_gather``: ``output`` (group size × ``tensor``'s numel) ← every rank's ``tensor``, in group order.
     - ``reduce_scatter``: ``output`` ← this rank's slice of the sum of every rank's ``tensor``.
     - ``send`` / ``recv``: ``tensor`` to / from the group's rank ``peer`` (in-group).
+    - ``scatter``: ``tensor`` ← chunk r of ``chunks``, the list of group-size tensors that only rank ``src``
+      gives (chapter 03: DataParallel's inputs leaving GPU 0).
+    - ``gather``: ``chunks`` (given on rank ``dst`` only) ← every rank's ``tensor``, in group order.
+    - ``reduce``: the sum of every rank's ``tensor`` lands in ``tensor`` on rank ``dst`` (other ranks'
+      buffers are left unspecified, as ``dist.reduce`` says).
+
+    Bytes recorded follow nccl-tests' "size" on every rank: the whole buffer (all-reduce, broadcast,
+    reduce, send/recv), the gathered output (all-gather, gather: group size × ``tensor``) or the input
+    before it is split (reduce-scatter, scatter: group size × ``tensor``).
 
     ``reduce_op`` (all-reduce, reduce-scatter): ``dist.ReduceOp.SUM`` by default; ``AVG`` divides the sum by
     the group's size (ZeRO averages gradients so, as FSDP2 does).
@@ -58,7 +68,17 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     """
     group = group if group is not None else dist.group.WORLD
     start = time.perf_counter()
-    if op == "all_reduce":
+    if op in ("scatter", "gather", "reduce"):
+        root = dist.get_global_rank(group, _need(src if op == "scatter" else dst,
+                                                 "src" if op == "scatter" else "dst", op))
+        mine = dist.get_rank() == root
+        if op == "scatter":
+            work = dist.scatter(tensor, chunks if mine else None, src=root, group=group, async_op=async_op)
+        elif op == "gather":
+            work = dist.gather(tensor, chunks if mine else None, dst=root, group=group, async_op=async_op)
+        else:
+            work = dist.reduce(tensor, root, op=reduce_op, group=group, async_op=async_op)
+    elif op == "all_reduce":
         work = dist.all_reduce(tensor, op=reduce_op, group=group, async_op=async_op)
     elif op == "broadcast":
         work = dist.broadcast(tensor, src=dist.get_global_rank(group, _need(src, "src", op)), group=group,
@@ -82,6 +102,8 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     nbytes = (output if op == "all_gather" else tensor)
     nbytes = nbytes.numel() * nbytes.element_size()
     rank, group_rank, size = describe_group(group)
+    if op in ("scatter", "gather"):  # every rank holds one chunk; the buffer is all of them
+        nbytes *= size
 
     def report(_=None):
         on_collective(CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -52,3 +53,30 @@ def write(out_dir: str, name: str, data: dict, fig) -> tuple[str, str]:
         json.dump(data, f, indent=2)
     fig.savefig(png, dpi=120, bbox_inches="tight")
     return js, png
+
+
+def timing_parser(description: str, presets: dict, steps: int, rounds: int = 6,
+                  warmup: int = 2) -> argparse.ArgumentParser:
+    """The options every timing benchmark takes: ranks, model preset, steps, rounds, warm-up, output folder."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--preset", choices=sorted(presets), default=None,
+                    help="model size; default: gpu when world-size GPUs are visible, else cpu")
+    ap.add_argument("--steps", type=int, default=steps, help="optimizer steps per timed block")
+    ap.add_argument("--rounds", type=int, default=rounds, help="timed blocks per implementation, interleaved")
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    return ap
+
+
+def timing_setup(ap: argparse.ArgumentParser, args) -> tuple[str, str]:
+    """Check the timing options and choose: (preset, backend), GPUs when ``world_size`` of them are visible."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # a script writes PNGs; a notebook importing plot() keeps its own backend
+    for name in ("world_size", "steps", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    on_gpus = gpus >= args.world_size
+    return args.preset or ("gpu" if on_gpus else "cpu"), "nccl" if on_gpus else "gloo"

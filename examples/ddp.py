@@ -1,4 +1,4 @@
-"""Data-parallel training with DistributedDataParallel, with the course's recipe `parlab.recipes.train_ddp` (chapter 03).
+"""Data-parallel training with DistributedDataParallel, with `parlab.builtin.train_ddp` (chapter 03).
 
 Started with plain Python, it launches the ranks itself; started by torchrun or SLURM, each process is
 one rank of that job and runs the same function.
@@ -11,7 +11,8 @@ one rank of that job and runs the same function.
 
 """
 
-from parlab.recipes import script_main, train_ddp
+from parlab.builtin import train_ddp
+from parlab.training import script_main
 
 if __name__ == "__main__":
     script_main(train_ddp)

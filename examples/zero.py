@@ -1,4 +1,4 @@
-"""ZeRO-3 (fully sharded data parallel, FSDP2) training, with the course's recipe `parlab.recipes.train_zero` (chapter 04).
+"""ZeRO-3 (fully sharded data parallel, FSDP2) training, with `parlab.builtin.train_zero` (chapter 04).
 
 Started with plain Python, it launches the ranks itself; started by torchrun or SLURM, each process is
 one rank of that job and runs the same function.
@@ -11,7 +11,8 @@ one rank of that job and runs the same function.
 
 """
 
-from parlab.recipes import script_main, train_zero
+from parlab.builtin import train_zero
+from parlab.training import script_main
 
 if __name__ == "__main__":
     script_main(train_zero)

@@ -1,4 +1,4 @@
-"""The chapter 03 benchmarks' non-timing logic: how they summarise, and what they do without GPUs."""
+"""The chapter 03 benchmarks' non-timing logic (``parlab.bench`` and the scripts in ``benchmarks/``): how they summarise, and what they do without GPUs."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-import ddp_throughput  # noqa: E402
 import dp_vs_ddp  # noqa: E402
+
+from parlab.bench.dp_vs_ddp import PUBLISHED, table  # noqa: E402
+from parlab.measure import summarize  # noqa: E402
 
 
 def test_throughput_ratio_pairs_rounds():
     # Round 2 ran while the machine was busy: pairing by round keeps it from skewing the ratio.
     times = {"torch": [1.0, 5.0, 1.0], "v3": [1.25, 6.0, 1.25]}
-    median, ratio = ddp_throughput.summarize(times)
+    median, ratio = summarize(times, reference="torch")
     assert median == {"torch": 1.0, "v3": 1.25}
     assert ratio["v3"] == pytest.approx(0.8) and ratio["torch"] == 1.0
 
@@ -31,6 +33,6 @@ def test_dp_vs_ddp_says_why_and_exits_0_without_two_gpus(capsys, tmp_path):
 
 
 def test_published_table_is_the_guides():
-    assert dp_vs_ddp.PUBLISHED["seconds"] == {"DP": 110.59, "DDP": 101.90, "DDP, NCCL_P2P_DISABLE=1": 131.44}
-    text = dp_vs_ddp.table({"DDP": {"seconds": 2.0}, "DP": {"seconds": 3.0}}, cpu=True)
+    assert PUBLISHED["seconds"] == {"DP": 110.59, "DDP": 101.90, "DDP, NCCL_P2P_DISABLE=1": 131.44}
+    text = table({"DDP": {"seconds": 2.0}, "DP": {"seconds": 3.0}}, cpu=True)
     assert "1.50" in text and "n/a" in text

@@ -13,12 +13,11 @@ import pytest
 import torch
 
 import parlab
-from parlab import recipes
+from parlab.builtin import STRATEGIES
 from parlab.launch.cluster import Job, current_job
+from parlab.training import train_single
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = {"ddp": recipes.train_ddp, "zero": recipes.train_zero, "tp": recipes.train_tp,
-            "pp": recipes.train_pp, "mix_2d": recipes.train_2d}
 STEPS = 3
 
 
@@ -73,7 +72,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(EXAMPLES))
+@pytest.mark.parametrize("name", list(STRATEGIES))
 def test_example_on_two_torchrun_agents_matches_launch(name, tmp_path, clean_env):
     port, run_id = _free_port(), uuid.uuid4().hex[:8]
     agents = []
@@ -95,7 +94,7 @@ def test_example_on_two_torchrun_agents_matches_launch(name, tmp_path, clean_env
     written = [p for p in tmp_path.iterdir()]
     assert len(written) == 1  # rank 0 alone writes, on whichever agent holds it
     cluster_losses = json.loads(written[0].read_text())
-    launched = parlab.launch(EXAMPLES[name], 4, kwargs={"steps": STEPS}, announce=False)
+    launched = parlab.launch(STRATEGIES[name], 4, kwargs={"steps": STEPS}, announce=False)
     assert all(losses == launched[0] for losses in launched)
     torch.testing.assert_close(torch.tensor(cluster_losses), torch.tensor(launched[0]))
-    torch.testing.assert_close(torch.tensor(cluster_losses), torch.tensor(recipes.train_single(STEPS)))
+    torch.testing.assert_close(torch.tensor(cluster_losses), torch.tensor(train_single(STEPS)))

@@ -9,9 +9,9 @@ from parlab.measure import (
     bus_factor,
     busbw,
     comm_table,
-    ddp_recorder,
     fit_alpha_beta,
     record_comm,
+    record_ddp,
     sweep,
     totals,
 )
@@ -47,16 +47,36 @@ def test_records_every_op_with_nccl_tests_sizes(world_size):
 
 
 def _subgroup():
-    group = dist.new_group([0, 1])
+    group = dist.new_group([1, 2])
     with record_comm() as log:
-        if dist.get_rank() < 2:
+        if dist.get_rank() > 0:
             dist.all_reduce(torch.ones(4), group=group)
-    return [(r.op, r.group_size) for r in log.records]
+    return [(r.op, r.group_size, r.rank, r.group_rank) for r in log.records]
 
 
-def test_group_size_of_a_subgroup():
+def test_group_size_and_ranks_of_a_subgroup():
     results = parlab.launch(_subgroup, world_size=3, timeout=20, output="none", announce=False)
-    assert results == [[("all_reduce", 2)], [("all_reduce", 2)], []]
+    # global rank 2 is rank 1 of the group {1, 2}: both are recorded
+    assert results == [[], [("all_reduce", 2, 1, 0)], [("all_reduce", 2, 2, 1)]]
+
+
+def _ddp_on_a_subgroup():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from parlab.measure import CommLog
+    group = dist.new_group([1, 2])
+    if dist.get_rank() == 0:
+        return []
+    ddp = DDP(torch.nn.Linear(4, 2), process_group=group)
+    log = CommLog()
+    record_ddp(ddp, log)
+    ddp(torch.randn(3, 4)).sum().backward()
+    return [(r.op, r.bytes, r.group_size, r.group_rank) for r in log.records]
+
+
+def test_ddp_hook_records_the_models_group():
+    results = parlab.launch(_ddp_on_a_subgroup, world_size=3, timeout=20, output="none", announce=False)
+    assert results == [[], [("all_reduce", 40, 2, 0)], [("all_reduce", 40, 2, 1)]]
 
 
 def _ddp_step():
@@ -67,7 +87,7 @@ def _ddp_step():
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params
     ddp = DDP(model, bucket_cap_mb=1)
     log = CommLog()
-    ddp.register_comm_hook(log, ddp_recorder)
+    record_ddp(ddp, log)
     ddp(torch.randn(2, 16)).sum().backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     return log.records, grads
@@ -133,7 +153,7 @@ def test_sweep_reports_consistent_bandwidths():
 def test_comm_table_lists_each_rank():
     results = parlab.launch(_every_op, world_size=2, timeout=20, output="none", announce=False)
     from parlab.measure import CommRecord
-    table = comm_table([[CommRecord(op, b, n, 0.001, 0.0) for op, b, n in res] for res in results])
+    table = comm_table([[CommRecord(op, b, n, 0.0, 0.001) for op, b, n in res] for res in results])
     assert "   1  recv" in table and "   0  send" in table
 
 
@@ -171,3 +191,74 @@ def test_course_ddp_reports_into_a_comm_log():
     assert t["broadcast"]["bytes"] == 676 * 4      # initial weights, once
     assert t["all_reduce"]["bytes"] == 676 * 4     # every gradient, once per step
     assert set(kinds) == {"comm"}
+
+
+def _batched_exchange():
+    from parlab.measure import CommLog
+    from parlab.parallel import communicate_batch
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    log = CommLog()
+    mine = torch.full((3,), float(r))  # 12 bytes
+    left, right = torch.empty(3), torch.empty(3)
+    # every rank sends to both neighbours and receives from both, in one batch: no order can deadlock
+    waits = communicate_batch([("send", mine, (r + 1) % n, "to right"), ("send", mine, (r - 1) % n, "to left"),
+                               ("recv", left, (r - 1) % n, "from left"), ("recv", right, (r + 1) % n, "from right")],
+                              on_collective=log)
+    for w in waits:
+        w.wait()
+    return left.tolist(), right.tolist(), [(rec.op, rec.bytes, rec.label) for rec in log.records]
+
+
+def test_communicate_batch_exchanges_and_reports_each_message():
+    results = parlab.launch(_batched_exchange, world_size=3, timeout=20, output="none", announce=False)
+    for r, (left, right, records) in enumerate(results):
+        assert left == [float((r - 1) % 3)] * 3 and right == [float((r + 1) % 3)] * 3
+        assert sorted(records) == sorted([("send", 12, "to right"), ("send", 12, "to left"),
+                                          ("recv", 12, "from left"), ("recv", 12, "from right")])
+
+
+def test_communicate_batch_refuses_a_collective():
+    from parlab.parallel import communicate_batch
+
+    def bad():
+        communicate_batch([("all_reduce", torch.ones(1), 0, None)])
+
+    with pytest.raises(parlab.RankError, match="only 'send' and 'recv'"):
+        parlab.launch(bad, world_size=2, timeout=20, output="none", announce=False)
+
+
+def _rooted_ops():
+    from parlab.measure import CommLog
+    from parlab.parallel.comm import communicate
+    rank, n = dist.get_rank(), dist.get_world_size()
+    log = CommLog()
+    mine = torch.empty(3)
+    chunks = [torch.full((3,), float(r)) for r in range(n)] if rank == 1 else None
+    communicate("scatter", mine, src=1, chunks=chunks, on_collective=log)
+    gathered = [torch.empty(3) for _ in range(n)] if rank == 1 else None
+    communicate("gather", mine + 10, dst=1, chunks=gathered, on_collective=log)
+    total = torch.full((2,), float(rank + 1))
+    communicate("reduce", total, dst=1, on_collective=log)
+    return mine, gathered, total if rank == 1 else None, [(r.op, r.bytes, r.group_size) for r in log.records]
+
+
+def test_communicate_scatter_gather_reduce_to_a_root_other_than_zero():
+    n = 3
+    results = parlab.launch(_rooted_ops, world_size=n, timeout=20, output="none", announce=False)
+    for rank, (mine, gathered, total, records) in enumerate(results):
+        torch.testing.assert_close(mine, torch.full((3,), float(rank)))
+        # sizes: the whole scattered / gathered buffer (n chunks), the reduced buffer, on every rank
+        assert records == [("scatter", 12 * n, n), ("gather", 12 * n, n), ("reduce", 8, n)]
+    torch.testing.assert_close(results[1][1], [torch.full((3,), r + 10.0) for r in range(n)])
+    torch.testing.assert_close(results[1][2], torch.full((2,), 6.0))
+    assert bus_factor("scatter", 4) == bus_factor("gather", 4) == pytest.approx(0.75)
+
+
+def test_nccl_transports_reads_the_channels_of_an_nccl_log():
+    from parlab.measure import nccl_transports
+    log = ("node1:7:7 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
+           "node1:7:7 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via SHM/direct/direct\n"
+           "node1:7:7 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1\n")
+    assert nccl_transports(log) == {"P2P", "SHM"}
+    assert nccl_transports("NCCL INFO Init COMPLETE") == set()

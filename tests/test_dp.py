@@ -1,5 +1,5 @@
 """DataParallel's data flow played by ranks (``parlab.parallel.dp``, chapter 03) trains exactly like one
-process on the global batch, and rank 0 carries the traffic."""
+process on the global batch, moves the tensors nn.DataParallel moves, and leaves the extra work to rank 0."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from torch.testing import assert_close
 
 import parlab
 from parlab.launch import preload
+from parlab.measure import CommLog, Timeline, totals
 from parlab.models import tiny_gpt2, token_batch
-from parlab.parallel.dp import train_like_dataparallel
+from parlab.parallel.dp import dataparallel_step, train_like_dataparallel
 
 STEPS = 2
+VOCAB, SEQ = 128, 16
 
 
 def _batches(n):
-    return [token_batch(4 * n, seq_len=16, seed=s) for s in range(STEPS)]
+    return [token_batch(4 * n, seq_len=SEQ, vocab_size=VOCAB, seed=s) for s in range(STEPS)]
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +30,15 @@ def warm_ranks():
 def _played():
     rank, n = parlab.rank(), parlab.world_size()
     model = tiny_gpt2(seed=rank)  # only the replicate step makes the ranks agree
-    log = []
-    train_like_dataparallel(model, _batches(n), log=log)
-    return model.state_dict() if rank == 0 else None, log
+    opt = torch.optim.SGD(model.parameters(), lr=0.05) if rank == 0 else None
+    batches = _batches(n)
+    losses = train_like_dataparallel(model, batches[:-1], opt)
+    timeline = Timeline()
+    log = CommLog(timeline=timeline)
+    losses.append(dataparallel_step(model, batches[-1], opt, timeline, log))
+    grads_held = sum(p.grad is not None for p in model.parameters())
+    return {"state": model.state_dict() if rank == 0 else None, "losses": losses, "records": log.records,
+            "events": timeline.events, "grads_held": grads_held}
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -38,13 +46,31 @@ def test_played_dataparallel_equals_one_process(n, warm_ranks):
     per_rank = parlab.launch(_played, world_size=n, output="none", announce=False)
     model = tiny_gpt2(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
     for x in _batches(n):
-        model(input_ids=x, labels=x).loss.backward()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        losses.append(loss.item())
         opt.step()
         opt.zero_grad()
-    assert_close(per_rank[0][0], model.state_dict())
-    hub = sum(b for s, _, _, b in per_rank[0][1] if s == 0)
-    other = sum(b for s, _, _, b in per_rank[1][1] if s == 0)
-    assert hub == (n - 1) * other  # every exchange goes through rank 0
-    assert {p for _, p, _, _ in per_rank[0][1]} - {p for _, p, _, _ in per_rank[1][1]} == \
-        {"4 loss on rank 0", "5 optimizer step"}  # work only rank 0 does
+    assert_close(per_rank[0]["state"], model.state_dict())
+    assert per_rank[0]["losses"] == pytest.approx(losses)  # the mean of the replicas' own losses
+    psi = sum(p.numel() for p in model.parameters())
+    per_rank_batch = 4  # sequences per rank
+    for r, got in enumerate(per_rank):
+        sent = {op: t["bytes"] for op, t in totals(got["records"]).items()}
+        # nccl-tests sizes, the same on every rank: weights out and gradients in, Ψ fp32 values each way;
+        # the logits of all n replicas come to rank 0, and the inputs and loss gradients go out from it
+        assert sent == {"scatter": n * per_rank_batch * SEQ * 8 + n * 4, "broadcast": 4 * psi,
+                        "gather": n * per_rank_batch * SEQ * VOCAB * 4 + n * 4, "reduce": 4 * psi}, r
+        assert got["grads_held"] == (len(list(model.parameters())) if r == 0 else 0)
+    only_rank0 = {e.name for e in per_rank[0]["events"]} - {e.name for e in per_rank[1]["events"]}
+    assert only_rank0 == {"loss", "optimizer"}  # the work only GPU 0 does
+
+
+def test_step_rejects_a_batch_that_does_not_split(warm_ranks):
+    def step():
+        dataparallel_step(tiny_gpt2(), token_batch(3, seq_len=SEQ, vocab_size=VOCAB))
+
+    with pytest.raises(parlab.RankError, match="batch size 3 does not split over 2 ranks"):
+        parlab.launch(step, world_size=2, output="none", announce=False)

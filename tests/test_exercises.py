@@ -6,13 +6,21 @@ import torch.distributed as dist
 
 from parlab.exercises import (
     ExerciseFailed,
-    check_mean_over_ranks,
+    check_crossover_bytes,
+    check_ddp_buckets,
+    check_gated_mlp_bytes,
+    check_hang_prediction,
+    check_max_params,
+    check_my_slice,
     check_ranks,
-    check_ring_all_reduce,
-    check_zero_memory,
+    check_recursive_doubling,
+    check_weighted_average,
     first_difference,
 )
-from parlab.ring import ring_all_reduce, ring_reduce_scatter
+from parlab.exercises.ch01 import _max_params
+from parlab.exercises.ch02 import _crossover_bytes
+from parlab.exercises.ch03 import _reference_weighted_average
+from parlab.ring import ring_all_reduce
 
 
 def test_first_difference_names_element_expected_and_got():
@@ -22,53 +30,6 @@ def test_first_difference_names_element_expected_and_got():
     assert first_difference(got, expected) == "element 2: expected 3, got 9 (1 of 4 elements differ)"
     assert "shape (4,)" in first_difference(torch.zeros(3), expected)
     assert "got NoneType" in first_difference(None, expected)
-
-
-@pytest.mark.parametrize("world_size, numel", [(4, None), (3, 7)])
-def test_reference_ring_passes(world_size, numel):
-    passed = check_ring_all_reduce(ring_all_reduce, world_size=world_size, numel=numel)
-    assert "matches dist.all_reduce" in repr(passed)
-
-
-def only_reduce_scatter(t):
-    # planted mistake: forgets the all-gather phase
-    ring_reduce_scatter(list(torch.tensor_split(t.view(-1), dist.get_world_size())))
-
-
-def test_missing_all_gather_is_located():
-    with pytest.raises(ExerciseFailed) as err:
-        check_ring_all_reduce(only_reduce_scatter, world_size=2)
-    # 2 ranks, 6 elements: rank 0 owns the sum of chunk 1, chunk 0 still holds its partial x + y
-    # inputs: rank 0 arange(6), rank 1 arange(6) + 100 -> sums 100, 102, ...; rank 0's element 0 is 0+100
-    msg = str(err.value)
-    assert "only_reduce_scatter on rank" in msg and "element" in msg and "expected" in msg
-
-
-def calls_all_reduce(t):
-    dist.all_reduce(t)  # planted: right answer by the forbidden route
-
-
-def test_using_all_reduce_is_refused():
-    with pytest.raises(ExerciseFailed, match="called all_reduce"):
-        check_ring_all_reduce(calls_all_reduce, world_size=2)
-
-
-def send_everything(t):
-    # planted: right sums, but every rank sends its whole buffer to every other rank: (n-1) x buffer
-    n, r = dist.get_world_size(), dist.get_rank()
-    total = t.clone()
-    for step in range(1, n):
-        incoming = torch.empty_like(t)
-        req = dist.isend(t, (r + step) % n)
-        dist.recv(incoming, (r - step) % n)
-        req.wait()
-        total += incoming
-    t.copy_(total)
-
-
-def test_too_many_bytes_is_refused():
-    with pytest.raises(ExerciseFailed, match=r"ranks sent \[72, 72, 72, 72\] bytes.*= 36 bytes"):
-        check_ring_all_reduce(send_everything, world_size=4, numel=6)
 
 
 def off_by_one_on_rank1(t):
@@ -87,36 +48,205 @@ def test_wrong_element_names_rank_and_values():
     assert "on rank 1 of 2: element 5: expected 110, got 111 (1 of 6 elements differ)" in str(err.value)
 
 
-def zero_gb(num_params, n_d, stage, k=12):
-    psi = num_params
-    shards = {0: (1, 1, 1), 1: (1, 1, n_d), 2: (1, n_d, n_d), 3: (n_d, n_d, n_d)}[stage]
-    return (2 * psi / shards[0] + 2 * psi / shards[1] + k * psi / shards[2]) / 1e9
 
 
-def zero_gb_forgets_master_weights(num_params, n_d, stage, k=12):
-    return zero_gb(num_params, n_d, stage, k - 4) if stage else zero_gb(num_params, n_d, stage, k)
+# ---- chapter 00 -------------------------------------------------------------------------------------
+
+def even_slice(n_items):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    per, extra = divmod(n_items, n)
+    start = rank * per + min(rank, extra)
+    return start, start + per + (rank < extra)
 
 
-def test_zero_memory_exercise():
-    assert "all 32 cases" in repr(check_zero_memory(zero_gb))
-    with pytest.raises(ExerciseFailed, match=r"zero_gb_forgets_master_weights\(num_params=7500000000.0, "
-                                             r"n_d=1, stage=1\): expected 120, got 90.0"):
-        check_zero_memory(zero_gb_forgets_master_weights)
+def last_rank_takes_the_rest(n_items):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    per = n_items // n
+    return rank * per, n_items if rank == n - 1 else (rank + 1) * per
 
 
-def test_mean_over_ranks_check_both_ways():
-    def right(t):
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
+def test_my_slice_check_both_ways():
+    assert "evenly" in repr(check_my_slice(even_slice, world_size=3))
+    with pytest.raises(ExerciseFailed, match=r"last_rank_takes_the_rest\(8\) with 3 ranks: shares of \[2, 2, 4\]"):
+        check_my_slice(last_rank_takes_the_rest, world_size=3)
+    with pytest.raises(ExerciseFailed, match=r"returned None"):
+        check_my_slice(lambda n_items: None, world_size=2)
 
-    def sum_only(t):
-        dist.all_reduce(t)
 
-    def nothing(t):
-        pass
+def test_hang_prediction_check_both_ways():
+    assert "ranks [0, 2] waited" in repr(check_hang_prediction([0, 2], world_size=4, timeout=1))
+    with pytest.raises(ExerciseFailed, match=r"you predicted ranks \[1, 3\].*found 2 rank\(s\) waiting"):
+        check_hang_prediction([1, 3], world_size=4, timeout=1)
 
-    assert "mean over 2 ranks" in repr(check_mean_over_ranks(right, world_size=2))
-    with pytest.raises(ExerciseFailed, match=r"sum_only on rank 0 of 2: element 0: expected 50, got 100"):
-        check_mean_over_ranks(sum_only, world_size=2)
-    with pytest.raises(ExerciseFailed, match=r"nothing on rank 0 of 2: element 0: expected 50, got 0"):
-        check_mean_over_ranks(nothing, world_size=2)
+
+# ---- chapter 01 -------------------------------------------------------------------------------------
+
+def gated_relu_bytes(s, b, h, i, bytes_per_value):
+    return bytes_per_value * s * b * (h + 3 * i)  # x; relu's output, up's output, their product
+
+
+def counts_the_gate_output(s, b, h, i, bytes_per_value):
+    return bytes_per_value * s * b * (h + 4 * i)
+
+
+def test_gated_mlp_check_against_measurement():
+    assert "all 3 cases" in repr(check_gated_mlp_bytes(gated_relu_bytes))
+    with pytest.raises(ExerciseFailed, match=r"s=16, b=2, h=32, i=96, bytes_per_value=4\) = 53248; "
+                                             r"measured 40,960 bytes. You counted one s·b·i tensor too many"):
+        check_gated_mlp_bytes(counts_the_gate_output)
+
+
+def max_params_forgets_sharding(gpu_gb, n_d, stage, k=12):
+    return gpu_gb * 1e9 / (4 + k)
+
+
+def test_max_params_check_both_ways():
+    assert "agrees with the reference" in repr(check_max_params(_max_params))
+    assert _max_params(80, 1, 0) == pytest.approx(5e9)  # 80 GB / 16 bytes per parameter
+    with pytest.raises(ExerciseFailed, match=r"max_params_forgets_sharding\(gpu_gb=24, n_d=8, stage=1\): "
+                                             r"expected 4\.364e\+09, got 1500000000\.0"):
+        check_max_params(max_params_forgets_sharding)
+
+
+# ---- chapter 02 -------------------------------------------------------------------------------------
+
+def calls_all_reduce(t):
+    dist.all_reduce(t)  # planted: right answer by the forbidden route
+
+
+def recursive_doubling(t):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    step = 1
+    while step < n:
+        incoming = torch.empty_like(t)
+        request = dist.isend(t.clone(), rank ^ step)
+        dist.recv(incoming, rank ^ step)
+        request.wait()
+        t += incoming
+        step *= 2
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_recursive_doubling_check_passes_the_reference(world_size):
+    assert "log₂ n × buffer" in repr(check_recursive_doubling(recursive_doubling, world_size=world_size))
+
+
+def test_recursive_doubling_check_refuses_a_ring_and_collectives():
+    # the ring gives the right sums but sends 2(n-1)/n of the buffer, not log2(n) buffers
+    with pytest.raises(ExerciseFailed, match=r"rank 0 sent 72 bytes; recursive doubling sends the whole 48-byte "
+                                             r"buffer once per step, log₂ 4 = 2 steps: 96 bytes"):
+        check_recursive_doubling(ring_all_reduce, world_size=4)
+    with pytest.raises(ExerciseFailed, match="called all_reduce"):
+        check_recursive_doubling(calls_all_reduce, world_size=2)
+    with pytest.raises(ValueError, match="power of two"):
+        check_recursive_doubling(recursive_doubling, world_size=3)
+
+
+def crossover_forgets_the_ring_chunks(n, alpha, bandwidth):
+    return alpha * bandwidth  # treats the ring's messages as whole buffers
+
+
+def test_crossover_check_both_ways():
+    assert "agrees" in repr(check_crossover_bytes(_crossover_bytes))
+    # on 4 ranks: ring 6·(α + m/4B), doubling 2·(α + m/B): equal at m = 8αB
+    assert _crossover_bytes(4, 1e-5, 1e9) == pytest.approx(8e4)
+    with pytest.raises(ExerciseFailed, match=r"crossover_forgets_the_ring_chunks\(n=4"):
+        check_crossover_bytes(crossover_forgets_the_ring_chunks)
+
+
+# ---- chapter 03 -------------------------------------------------------------------------------------
+
+def equal_weights(params, local_batch_size):
+    for p in params:
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def test_weighted_average_check_both_ways():
+    assert "[3, 5, 2] examples" in repr(check_weighted_average(_reference_weighted_average, world_size=3))
+    with pytest.raises(ExerciseFailed, match=r"every rank weighs the same, but they hold \[3, 5\] examples"):
+        check_weighted_average(equal_weights, world_size=2)
+    with pytest.raises(ExerciseFailed, match=r".grad is unchanged"):
+        check_weighted_average(lambda params, b: None, world_size=2)
+
+
+def _close_buckets(ready_bytes, first_limit, cap):
+    buckets, size, limit = [], 0, first_limit
+    for nbytes in ready_bytes:
+        size += nbytes
+        if size >= limit:
+            buckets.append(size)
+            size, limit = 0, cap
+    return buckets + ([size] if size else [])
+
+
+def ddp_buckets(ready_bytes, bucket_cap_mb=None):
+    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20
+    return _close_buckets(ready_bytes, 2**20 if bucket_cap_mb is None else cap, cap)  # small first: default only
+
+
+def ddp_buckets_always_1mib_first(ready_bytes, bucket_cap_mb=None):
+    return _close_buckets(ready_bytes, 2**20, (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20)
+
+
+def test_ddp_buckets_check_against_pytorch():
+    assert "default cap and at 0.5 MiB" in repr(check_ddp_buckets(ddp_buckets))
+    with pytest.raises(ExerciseFailed, match=r"bucket_cap_mb=0.5\)"):
+        check_ddp_buckets(ddp_buckets_always_1mib_first)
+
+
+# -- chapter 06 ----------------------------------------------------------------------------------------------
+
+def test_one_f_one_b_order_check_both_ways():
+    from parlab.exercises import check_one_f_one_b_order
+    from parlab.parallel.pipeline_schedule import one_f_one_b
+
+    def reference(stage, num_stages, num_micro_batches):
+        return one_f_one_b(num_stages, num_micro_batches).names(stage)
+
+    assert "every stage" in repr(check_one_f_one_b_order(reference))
+
+    def warmup_one_too_many(stage, num_stages, num_micro_batches):  # planted: p − s warm-up forwards
+        w = min(num_stages - stage, num_micro_batches)
+        ops = [f"F{k}" for k in range(w)]
+        for k in range(num_micro_batches - w):
+            ops += [f"F{w + k}", f"B{k}"]
+        return ops + [f"B{k}" for k in range(num_micro_batches - w, num_micro_batches)]
+
+    with pytest.raises(ExerciseFailed, match=r"stage 0 of 1, 2 micro-batches: operation 1 should be 'B0', got 'F1'"):
+        check_one_f_one_b_order(warmup_one_too_many)
+
+
+def test_smallest_micro_batches_check_both_ways():
+    import math
+    from itertools import count
+
+    from parlab.exercises import check_smallest_micro_batches
+    from parlab.parallel.pipeline_schedule import bubble_formula
+
+    def search(p, target, v=1):
+        return next(m for m in count(1) if bubble_formula(p, m, v) <= target)
+
+    assert "all" in repr(check_smallest_micro_batches(search))
+
+    def rounded(p, target, v=1):  # planted: the algebra is right, floating point is not (3 · 0.8 / 0.2 > 12)
+        return max(1, math.ceil((p - 1) * (1 - target) / (target * v)))
+
+    with pytest.raises(ExerciseFailed, match=r"\(p=4, target=0.2\): expected 12, got 13 \(with m=13"):
+        check_smallest_micro_batches(rounded)
+
+
+def test_peak_activations_check_both_ways():
+    from parlab.exercises import check_peak_activations
+
+    def peak(ops, frees=("B", "W")):
+        held = most = 0
+        for name in ops:
+            held += name[0] == "F"
+            held -= name[0] in frees
+            most = max(most, held)
+        return most
+
+    assert "all 6" in repr(check_peak_activations(peak))
+    with pytest.raises(ExerciseFailed, match=r"\(F0 I0 F1 W0 I1 F2 W1 I2 W2\): expected 2, got 1"):  # planted: I frees
+        check_peak_activations(lambda ops: peak(ops, frees=("B", "I")))

@@ -84,3 +84,49 @@ def test_nccl_hang_is_reported():
     with pytest.raises(parlab.RankTimeoutError) as info:
         parlab.launch(skip, 2, timeout=5)
     assert "had returned" in info.value.stacks[1]
+
+
+def _which_gpu():
+    import os
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), str(torch.cuda.get_device_properties(parlab.device()).uuid)
+
+
+@needs_two
+def test_a_leased_launch_avoids_a_held_gpu(tmp_path, monkeypatch):
+    """Workshop mode: with PARLAB_GPUS=auto a launch takes GPUs no other launch holds, and sees only those."""
+    from parlab.launch import lease
+
+    monkeypatch.setenv("PARLAB_GPUS", "auto")
+    monkeypatch.setenv("PARLAB_GPU_LOCKS", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with lease.acquire(1, wait=0) as other:  # another learner holds the first GPU
+        assert other.gpus == ["0"]
+        (visible, uuid), = parlab.launch(_which_gpu, 1)
+    assert visible == "1"
+    assert uuid != str(torch.cuda.get_device_properties(0).uuid)
+    assert set(lease.holders_of(folder=str(tmp_path)).values()) == {None}  # the launch let go of GPU 1
+
+
+def _nccl_all_reduce():
+    t = torch.ones(1 << 20, device=parlab.device())  # (1M,): 4 MiB, enough for NCCL to set up its channels
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+
+
+@needs_two
+@pytest.mark.parametrize("disable", ["0", "1"])
+def test_nccl_p2p_disable_takes_effect(disable, tmp_path, monkeypatch):
+    # chapter 02 and the guide's benchmark turn NVLink off with NCCL_P2P_DISABLE=1. NCCL reads it when a
+    # process makes its first communicator, so it is set before the launch (ranks take on the caller's
+    # environment); NCCL's own log then names each channel's transport.
+    from parlab.measure import nccl_transports
+
+    monkeypatch.setenv("NCCL_P2P_DISABLE", disable)
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("NCCL_DEBUG_FILE", str(tmp_path / "nccl.%h.%p.log"))
+    parlab.launch(_nccl_all_reduce, 2, backend="nccl")
+    transports = nccl_transports("".join(p.read_text() for p in tmp_path.glob("nccl.*.log")))
+    assert transports, "NCCL wrote no channel lines: was NCCL_DEBUG_FILE honoured?"
+    if disable == "1":
+        assert "P2P" not in transports

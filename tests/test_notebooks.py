@@ -1,21 +1,30 @@
-"""Every chapter notebook: committed clean, follows the skeleton, and runs with its CI parameters.
+"""Every chapter notebook: committed clean, follows the skeleton, links resolve, and runs with its CI parameters.
 
 nbval (configured in pyproject.toml) also runs each notebook top to bottom with its default parameters,
-as a learner would. Here papermill injects the smaller parameters stored in the notebook's metadata
-(``metadata.parlab.ci_parameters``) and runs it again, as CI on a GPU runner would.
+as a learner would. Here ``parlab run``'s own code (:mod:`parlab.course`) runs each chapter again with
+the smaller parameters stored in its metadata (``metadata.parlab.ci_parameters``), as CI on a GPU
+runner does. Whatever ``notebooks/NN_*.ipynb`` exist are checked: a new chapter joins by being there.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
+import subprocess
+import sys
 
 import nbformat
-import papermill
 import pytest
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+from parlab import course
+
+ROOT = pathlib.Path(__file__).parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob(course.CHAPTER_GLOB))
 SKELETON = ("Overview", "Prerequisites", "Parameters", "Exercises", "Summary", "Further reading")
+# Markdown files whose relative links must resolve too (the course map, the workshop guide).
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
 def _parameters_cell(nb):
@@ -24,31 +33,157 @@ def _parameters_cell(nb):
     return cells[0]
 
 
+def _markdown(nb) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def _section_at(nb, heading: str) -> int | None:
+    """Index of the first markdown cell that opens ``heading`` (``## Heading`` or a bold ``**Heading.**``)."""
+    pattern = re.compile(rf"^(#+ {re.escape(heading)}\s*$|\*\*{re.escape(heading)}\.\*\*)", re.M)
+    return next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and pattern.search(c.source)),
+                None)
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+    text = _markdown(nbformat.read(path, as_version=4)) if path.suffix == ".ipynb" else path.read_text()
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*?)\s*$", text, re.M)}
+
+
+def _slug(text: str) -> str:
+    """JupyterLab and GitHub spell a heading's anchor differently; compare letters and digits only."""
+    return re.sub(r"[^0-9a-z]", "", text.lower())
+
+
+def _broken_links(text: str, base: pathlib.Path, own: pathlib.Path) -> list[str]:
+    broken = []
+    for m in LINK.finditer(text):
+        target = m.group("target")
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
+            continue
+        file, _, anchor = target.partition("#")
+        path = (base / file).resolve() if file else own
+        if not path.exists():
+            broken.append(f"{m.group(0)}: no file {path}")
+        elif anchor and path.suffix in (".ipynb", ".md") and _slug(anchor) not in _anchors(path):
+            broken.append(f"{m.group(0)}: no heading #{anchor} in {path.name}")
+    return broken
+
+
+# -- committed clean, and the skeleton --------------------------------------------------------------
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_committed_clean_and_follows_the_skeleton(path):
+def test_committed_without_outputs(path):
     nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert not cell.outputs and cell.execution_count is None, f"{path.name} carries outputs"
-    names = {t.id for node in ast.parse(_parameters_cell(nb).source).body if isinstance(node, ast.Assign)
-             for t in node.targets if isinstance(t, ast.Name)}
-    assert "world_size" in names
-    ci = nb.metadata.get("parlab", {}).get("ci_parameters")
-    assert ci and set(ci) <= names, "metadata.parlab.ci_parameters must set names of the parameters cell"
-    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    for heading in SKELETON:
-        assert f"## {heading}" in text or f"**{heading}.**" in text, f"{path.name}: no '{heading}' section"
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not dirty, (f"{path.name}: cells {dirty} carry outputs or execution counts; strip them with "
+                       f"`jupyter nbconvert --clear-output --inplace {path.relative_to(ROOT)}`")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_parameters_cell_and_ci_parameters(path):
+    nb = nbformat.read(path, as_version=4)
+    cell = _parameters_cell(nb)
+    body = ast.parse(cell.source).body
+    # papermill injects the CI values as a cell of assignments after this one: anything else here (an
+    # import, a computed value) would use the defaults, not the injected values.
+    assert all(isinstance(n, ast.Assign) for n in body), f"{path.name}: the parameters cell holds only assignments"
+    names = {t.id for n in body for t in n.targets if isinstance(t, ast.Name)}
+    assert "world_size" in names, f"{path.name}: the parameters cell sets no world_size"
+    ci = course.ci_parameters(nb)
+    assert ci, f"{path.name}: no CI parameters in metadata.parlab.ci_parameters"
+    assert set(ci) <= names, f"{path.name}: CI parameters {sorted(set(ci) - names)} are not in the parameters cell"
+    assert ci.get("world_size", 2) >= 2, f"{path.name}: CI runs with at least 2 ranks (it tests parallelism)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_follows_the_skeleton(path):
+    nb = nbformat.read(path, as_version=4)
+    at = {h: _section_at(nb, h) for h in SKELETON}
+    missing = [h for h, i in at.items() if i is None]
+    assert not missing, f"{path.name}: no {', '.join(repr(h) for h in missing)} section"
+    order = sorted(SKELETON, key=at.get)
+    assert order == list(SKELETON), f"{path.name}: sections in the order {order}, expected {list(SKELETON)}"
+    cell = nb.cells.index(_parameters_cell(nb))
+    assert at["Parameters"] < cell < at["Exercises"], f"{path.name}: the parameters cell is not under Parameters"
+    numbered = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and re.search(r"^## \d", c.source, re.M)]
+    assert numbered and at["Parameters"] < numbered[0] and numbered[-1] < at["Exercises"], (
+        f"{path.name}: the numbered sections (## 1. ...) belong between Parameters and Exercises")
 
 
 def test_there_are_chapters():
     assert NOTEBOOKS and NOTEBOOKS[0].name == "00_welcome.ipynb"
+    numbers = [p.name[:2] for p in NOTEBOOKS]
+    assert len(set(numbers)) == len(numbers), f"two chapters share a number: {numbers}"
 
+
+# -- links --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_chapter_links_resolve(path):
+    nb = nbformat.read(path, as_version=4)
+    assert _broken_links(_markdown(nb), path.parent, path) == []
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_doc_links_resolve(path):
+    assert _broken_links(path.read_text(), path.parent, path) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS[1:], ids=lambda p: p.stem)
+def test_prerequisites_link_the_chapters_they_name(path):
+    """A learner who lacks a prerequisite gets there in one click: ``[Chapter 02](02_collectives.ipynb)``."""
+    nb = nbformat.read(path, as_version=4)
+    start, end = _section_at(nb, "Prerequisites"), _section_at(nb, "Parameters")
+    text = "\n".join(c.source for c in nb.cells[start:end + 1] if c.cell_type == "markdown")
+    text = text.split("## Prerequisites", 1)[-1].split("## Parameters", 1)[0]  # headings may share a cell
+    linked = {m.group("target").split("#")[0] for m in LINK.finditer(text)}
+    by_number = {p.name[:2]: p.name for p in NOTEBOOKS}
+    for number in sorted(set(re.findall(r"[Cc]hapters? (\d\d)", text))):
+        assert number in by_number, f"{path.name} names chapter {number}, which is not in notebooks/"
+        assert by_number[number] in linked, (f"{path.name}: Prerequisites names chapter {number}; link it: "
+                                             f"[Chapter {number}]({by_number[number]})")
+
+
+@pytest.mark.parametrize("where", ["README.md", "notebooks/00_welcome.ipynb"])
+def test_course_map_links_every_chapter(where):
+    """The README's course map and chapter 00's both lead to every chapter there is."""
+    path = ROOT / where
+    text = _markdown(nbformat.read(path, as_version=4)) if path.suffix == ".ipynb" else path.read_text()
+    linked = {(path.parent / m.group("target")).resolve() for m in LINK.finditer(text)}
+    missing = [p.name for p in NOTEBOOKS if p.resolve() not in linked and p.resolve() != path.resolve()]
+    assert not missing, f"the course map in {where} does not link {missing}"
+
+
+def test_links_checker_catches_broken_links(tmp_path):
+    (tmp_path / "a.ipynb").write_text(nbformat.writes(nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell("# Title\n## 2. Ranks and the world")])))
+    text = ("[ok](a.ipynb) [ok](a.ipynb#2.-Ranks-and-the-world) [web](https://example.org/x) "
+            "[gone](b.ipynb) [bad anchor](a.ipynb#3.-Nowhere)")
+    broken = _broken_links(text, tmp_path, tmp_path / "c.md")
+    assert [b.split(":")[0] for b in broken] == ["[gone](b.ipynb)", "[bad anchor](a.ipynb#3.-Nowhere)"]
+
+
+# -- running --------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_with_ci_parameters(path, tmp_path):
-    nb = nbformat.read(path, as_version=4)
-    papermill.execute_notebook(
-        str(path), str(tmp_path / path.name), parameters=nb.metadata["parlab"]["ci_parameters"],
-        kernel_name="python3", cwd=str(path.parent), progress_bar=False, execution_timeout=600,
-    )
+    result = course.run_chapter(path, tmp_path, ci=True, html=False)
+    assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
+
+
+@pytest.mark.slow
+def test_eight_headless_chapters_at_once(tmp_path):
+    """A workshop box: 8 learners run chapter 00 (2 ranks each) at the same moment. No fixed port and no
+    shared state, so none collides with another; on 2 cores this takes about 1.5 minutes."""
+    logs = [open(tmp_path / f"learner{i}.log", "w") for i in range(8)]
+    runs = [subprocess.Popen([sys.executable, "-m", "parlab", "run", "--ci", "--chapters", "00", "--no-html",
+                              "--output", str(tmp_path / f"learner{i}")], cwd=tmp_path, stdout=log,
+                             stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
+    for run, log in zip(runs, logs):
+        run.wait(timeout=800)
+        log.close()
+    for i, run in enumerate(runs):
+        out = (tmp_path / f"learner{i}.log").read_text()
+        assert run.returncode == 0, f"learner {i}:\n{out[-3000:]}"
+        assert "| 00_welcome | passed " in out and (tmp_path / f"learner{i}" / "00_welcome.ipynb").exists()

@@ -43,3 +43,15 @@ def test_bandwidth_draws_fit_and_both_rates():
     left, right = fig.axes[:2]
     assert len(left.lines) == 2 and len(right.lines) == 2
     assert "α = 10 µs" in left.get_legend().get_texts()[1].get_text()
+
+
+def test_comm_bytes_one_bar_per_rank_one_segment_per_exchange():
+    from parlab.measure import CommRecord
+    records = [[CommRecord("broadcast", 4096, 2, 0.0, 1.0, r, r, "replicate"),
+                CommRecord("gather", 1024, 2, 1.0, 2.0, r, r, "logits")] for r in range(2)]
+    fig = plots.comm_bytes(records)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["broadcast replicate", "gather logits"]
+    assert sorted(p.get_width() for p in ax.patches) == [1.0, 1.0, 4.0, 4.0]  # KiB
+    assert [t.get_text().strip() for t in ax.texts] == ["5", "5"]  # each rank's total

@@ -11,9 +11,10 @@ the course's ``shared/source/README.md``): estimate memory first; then
 - **several nodes**, fast inter-node links → ZeRO (almost no model changes) or PP+TP+DP (less
   communication, many model changes); slow links and little GPU memory → DP+PP+TP+ZeRO-1.
 
-:func:`recommend` applies these rules to numbers from :func:`parlab.measure.estimate_memory` and returns
-an :class:`Advice`: the ordered recommendations with the guide's reason for each, and the memory per GPU
-of every candidate layout (for :func:`parlab.plots.memory_bars`). ``parlab.widgets.strategy_tool`` is
+:func:`recommend` applies these rules to numbers from :func:`parlab.measure.estimate_memory` (model states,
+and activations when given a micro-batch and sequence length) and returns an :class:`Advice`: the situation
+and the guide's rule for it, the recommendations with what sets each apart, and the memory per GPU of
+every candidate layout (for :func:`parlab.plots.memory_bars`). ``parlab.widgets.strategy_tool`` is
 the same function behind sliders.
 """
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from parlab.checks import non_negative_int, positive_int
 from parlab.measure.memory import GB, MemoryEstimate, estimate_memory
 
 INTRA_NODE = ("nvlink", "pcie")  # NVLink/NVSwitch between the GPUs of a node, or only PCIe
@@ -59,13 +61,13 @@ def preset(name: str):
     return presets[name]
 
 
-def _shape(config) -> tuple[int, int]:
-    """(Ψ, parameters of the largest single layer), counted on the meta device."""
-    return _shape_of_json(config.to_json_string())
+def _on_meta(config) -> nn.Module:
+    """The model a transformers config describes, built on the meta device (shapes, no storage)."""
+    return _on_meta_of_json(config.to_json_string())
 
 
-@functools.cache  # a widget asks again at every slider move; configs are not hashable
-def _shape_of_json(config_json: str) -> tuple[int, int]:
+@functools.lru_cache(maxsize=16)  # the tool asks again at every move, and configs are not hashable
+def _on_meta_of_json(config_json: str) -> nn.Module:
     import json
 
     import torch
@@ -74,7 +76,11 @@ def _shape_of_json(config_json: str) -> tuple[int, int]:
     data = json.loads(config_json)
     config = AutoConfig.for_model(data.pop("model_type"), **data)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _shape(model: nn.Module) -> tuple[int, int]:
+    """(Ψ, parameters of the largest single layer)."""
     total = sum(p.numel() for p in model.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     return total, largest
@@ -83,8 +89,8 @@ def _shape_of_json(config_json: str) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Recommendation:
     strategy: str
-    reason: str
-    layout: str | None = None  # the key in Advice.memory of the layout it stands for (None: "measure")
+    reason: str                 # what sets this one apart from the others offered with it
+    layout: str | None = None   # the key in Advice.memory of the layout it stands for (None: "measure")
 
 
 @dataclass(frozen=True)
@@ -92,22 +98,26 @@ class Advice:
     recommendations: list[Recommendation]
     memory: dict[str, MemoryEstimate]   # per-GPU estimate of each candidate layout
     gpu_memory: float                   # bytes
-    fits_one_gpu: bool
+    fits_one_gpu: bool                  # model states and (if asked for) activations, on one GPU
     largest_layer_fits: bool
     notes: list[str] = field(default_factory=list)
+    summary: str = ""                   # the situation and the guide's rule for it, before the choices
 
     def fits(self, rec: Recommendation) -> bool | None:
         return None if rec.layout is None else self.memory[rec.layout].total <= self.gpu_memory
 
+    def verdict(self, rec: Recommendation) -> str:
+        """``"13.5 GB per GPU: fits in 24 GB"``, or ``""`` for a recommendation without a layout."""
+        if rec.layout is None:
+            return ""
+        need = self.memory[rec.layout].total / GB
+        return f"{need:.1f} GB per GPU: {'fits' if self.fits(rec) else 'does NOT fit'} in {self.gpu_memory / GB:g} GB"
+
     def __str__(self) -> str:
-        lines = []
+        lines = [self.summary] if self.summary else []
         for i, r in enumerate(self.recommendations, 1):
-            line = f"{i}. {r.strategy}: {r.reason}"
-            if r.layout is not None:
-                need = self.memory[r.layout].total / GB
-                verdict = "fits" if self.fits(r) else "does NOT fit"
-                line += f" [{need:.1f} GB per GPU: {verdict} in {self.gpu_memory / GB:g} GB]"
-            lines.append(line)
+            verdict = self.verdict(r)
+            lines.append(f"{i}. {r.strategy}: {r.reason}" + (f" [{verdict}]" if verdict else ""))
         return "\n".join(lines + [f"   ({n})" for n in self.notes])
 
 
@@ -119,99 +129,156 @@ def _check(name, value, allowed):
 def recommend(model=None, *, num_params: int | None = None, largest_layer_params: int | None = None,
               gpu_memory_gb: float = 80, gpus_per_node: int = 8, nodes: int = 1,
               intra_node: str = "nvlink", inter_node: str = "fast", precision: str = "bf16",
-              optimizer: str = "adam", micro_batch: int = 0, seq_len: int | None = None) -> Advice:
+              optimizer: str = "adam", micro_batch: int = 0, seq_len: int | None = None,
+              checkpointing: bool = False) -> Advice:
     """Apply the guide's rules. ``model``: a transformers config, a preset name, or an ``nn.Module``;
-    or give ``num_params`` (and optionally ``largest_layer_params``). ``micro_batch > 0`` adds
-    activations (needs a config). Sizes in decimal GB (10⁹ bytes), as GPU vendors state them."""
+    or give ``num_params`` (and optionally ``largest_layer_params``). Sizes in decimal GB (10⁹ bytes),
+    as GPU vendors state them.
+
+    ``micro_batch > 0`` counts activations too (micro-batch × ``seq_len`` tokens per GPU, all layers
+    saved, or only each layer's input with ``checkpointing``): then "fits one GPU" means model states
+    *and* activations, as in training. Activations need an architecture (a config or preset); with
+    ``num_params`` alone they are left out and a note says so."""
     _check("intra_node", intra_node, INTRA_NODE)
     _check("inter_node", inter_node, INTER_NODE)
-    for name, value in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+    positive_int("gpus_per_node", gpus_per_node, "GPUs in each node")
+    positive_int("nodes", nodes, "machines")
+    non_negative_int("micro_batch", micro_batch, "sequences per GPU; 0 leaves activations out")
+    if seq_len is not None:
+        positive_int("seq_len", seq_len, "tokens per sequence")
     if not gpu_memory_gb or gpu_memory_gb <= 0:
         raise ValueError(f"gpu_memory_gb={gpu_memory_gb!r} must be a positive number of GB")
     if isinstance(model, str):
         model = preset(model)
     if model is not None and not isinstance(model, nn.Module):
+        # the estimator counts a config's parameters by building it; a cached meta model counts at once
+        model = _on_meta(model)
+    if model is not None:
         num_params, largest_layer_params = _shape(model)
-    elif isinstance(model, nn.Module):
-        num_params = sum(p.numel() for p in model.parameters())
-        largest_layer_params = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     if num_params is None:
         raise ValueError("give model= (a transformers config, preset name or nn.Module) or num_params=")
     largest_layer_params = largest_layer_params or 0
-    config = model if model is not None and not isinstance(model, nn.Module) else None
-    act = dict(model=config) if config is not None else dict(num_params=num_params)
-    act.update(precision=precision, optimizer=optimizer, micro_batch=micro_batch if config else 0,
-               seq_len=seq_len)
+    config = getattr(model, "config", None)  # a transformers model's: the estimator reads activations off it
+    act = dict(model=model) if model is not None else dict(num_params=num_params)
+    with_acts = bool(micro_batch) and config is not None
+    act.update(precision=precision, optimizer=optimizer, micro_batch=micro_batch if with_acts else 0,
+               seq_len=seq_len, checkpointing=checkpointing)
     gpu = gpu_memory_gb * GB
-    total = gpus_per_node * nodes
+    n = gpus_per_node * nodes
 
     def est(**kw):
-        return estimate_memory(**act, **kw)
+        return estimate_memory(**{**act, **kw})
 
     one = est()
     fits_one = one.total <= gpu
-    per_param = (one.params + one.grads + one.optimizer) / num_params
+    per_param = one.model_states / num_params
     layer_fits = largest_layer_params * per_param <= gpu
-    memory = {"1 GPU": one, f"DDP ×{total}": est(world_size=total)}
+    ddp, z3, zero = f"DDP ×{n}", f"ZeRO-3 ×{n}", f"ZeRO ×{n}"
+    pp_label, tp_label = f"PP {gpus_per_node} × DP {nodes}", f"TP {gpus_per_node} × DP {nodes}"
+    memory = {"1 GPU": one, ddp: est(world_size=n)}
     for stage in (1, 2, 3):
-        memory[f"ZeRO-{stage} ×{total}"] = est(world_size=total, zero_stage=stage)
-    memory[f"PP {gpus_per_node} × DP {nodes}"] = est(world_size=total, pp_size=gpus_per_node)
-    memory[f"TP {gpus_per_node} × DP {nodes}"] = est(world_size=total, tp_size=gpus_per_node)
-    three_d = None
+        memory[f"ZeRO-{stage} ×{n}"] = est(world_size=n, zero_stage=stage)
+    memory[pp_label] = est(world_size=n, pp_size=gpus_per_node)
+    memory[tp_label] = est(world_size=n, tp_size=gpus_per_node)
+    three_label = None
     if nodes > 1:
         # 3D: TP inside a node, pipeline stages across nodes (at least 2, so that only activations cross the
         # inter-node links), the fewest that make it fit, DP for the rest
         for pp in (d for d in range(2, nodes + 1) if nodes % d == 0):
-            three_d = (pp, est(world_size=total, tp_size=gpus_per_node, pp_size=pp, zero_stage=1))
-            if three_d[1].total <= gpu:
+            three_d = est(world_size=n, tp_size=gpus_per_node, pp_size=pp, zero_stage=1)
+            if three_d.total <= gpu:
                 break
-        memory[f"TP {gpus_per_node} × PP {three_d[0]} × DP {nodes // three_d[0]} + ZeRO-1"] = three_d[1]
+        three_label = f"TP {gpus_per_node} × PP {pp} × DP {nodes // pp} + ZeRO-1"
+        memory[three_label] = three_d
 
+    fit = ("Even the largest layer does not fit one GPU." if not layer_fits
+           else "It fits one GPU." if fits_one else "It does not fit one GPU.")
     recs: list[Recommendation] = []
-    ddp, z3 = f"DDP ×{total}", f"ZeRO-3 ×{total}"
-    pp_label, tp_label = f"PP {gpus_per_node} × DP {nodes}", f"TP {gpus_per_node} × DP {nodes}"
     if not layer_fits:
-        recs.append(Recommendation(tp_label, "the largest layer does not fit one GPU: only tensor parallelism "
-                                   "splits a layer (pipeline parallelism moves whole layers)", tp_label))
-        recs.append(Recommendation(z3 + " + offload/checkpointing", "with ZeRO, add the single-GPU "
-                                   "techniques (CPU offload, activation checkpointing)", z3))
+        guide = "The guide: tensor parallelism, or ZeRO-3 with the single-GPU techniques."
+        recs.append(Recommendation(tp_label, "the only way to split a layer: each GPU holds a slice of every "
+                                   "weight matrix (pipeline parallelism moves whole layers)", tp_label))
+        recs.append(Recommendation(z3 + " + offload/checkpointing", "gathers one layer at a time; CPU offload "
+                                   "and activation checkpointing make room for it; no change to the model, "
+                                   "but more traffic", z3))
+    elif nodes == 1 and fits_one:
+        guide = "The guide: replicate it (DDP); ZeRO may be faster or slower, so measure."
+        recs.append(Recommendation(ddp, "every GPU holds a whole copy and all-reduces gradients after "
+                                   "backward: the simplest, usually the fastest", ddp))
+        recs.append(Recommendation(zero, "shards optimizer state (stage 1) and more over the GPUs, freeing "
+                                   "memory for a larger micro-batch; may be faster or slower than DDP: "
+                                   "measure both on your setup", None))
+    elif nodes == 1 and intra_node == "nvlink":
+        guide = ("With NVLink/NVSwitch inside the node the guide finds PP, ZeRO and TP about alike in speed; "
+                 "they differ in memory and in how much the model must change.")
+        choices = [
+            Recommendation(pp_label, f"cuts the layers into {gpus_per_node} stages, one per GPU; only "
+                           "activations travel between GPUs, but GPUs idle while the pipeline fills (the "
+                           "bubble) and the model must be split into stages"
+                           # 1F1B: the first stage keeps p micro-batches of L/p layers (Korthikanti §4.2.3)
+                           + ("; the first stage holds as many activations as one GPU would" if with_acts
+                              else ""), pp_label),
+            Recommendation(z3, f"shards weights, gradients and optimizer state over {n} GPUs with no change to "
+                           "the model; gathers each layer's weights as it runs (1.5× DDP's traffic); "
+                           "activations are not sharded", z3),
+            Recommendation(tp_label, f"splits every weight matrix, and the activations, over {gpus_per_node} "
+                           "GPUs; all-reduces activations in every layer, so it needs NVLink and layers "
+                           "written for it", tp_label)]
+        # alike in speed, so what fits comes first (stable: the guide's order otherwise)
+        recs.extend(sorted(choices, key=lambda r: memory[r.layout].total > gpu))
     elif nodes == 1:
-        if fits_one:
-            recs.append(Recommendation(ddp, "the model fits one GPU: replicate it and all-reduce gradients",
-                                       ddp))
-            recs.append(Recommendation(f"ZeRO ×{total}", "may be faster or slower than DDP: measure both on "
-                                       "your setup", None))
-        elif intra_node == "nvlink":
-            for label in (pp_label, z3, tp_label):
-                recs.append(Recommendation(label, "does not fit one GPU; with NVLink/NVSwitch inside the node "
-                                           "PP, ZeRO and TP perform about alike", label))
-        else:
-            recs.append(Recommendation(pp_label, "does not fit one GPU and the GPUs talk over PCIe: pipeline "
-                                       "parallelism, which sends only activations between stages, is fastest",
-                                       pp_label))
-            recs.append(Recommendation(z3, "also possible over PCIe, but its all-gathers of weights at every "
-                                       "step make it slower than PP there", z3))
+        guide = "Over PCIe the guide finds pipeline parallelism fastest."
+        recs.append(Recommendation(pp_label, "only activations cross PCIe, once per stage boundary; the "
+                                   "model must be split into stages", pp_label))
+        recs.append(Recommendation(z3, "no change to the model, but it gathers every layer's weights over "
+                                   "PCIe at every step: slower than PP there", z3))
     else:
-        three_label = next(k for k in memory if k.startswith(f"TP {gpus_per_node} × PP"))
         if inter_node == "fast":
-            recs.append(Recommendation(z3 if not fits_one else f"ZeRO ×{total}", "fast links between nodes: "
-                                       "ZeRO needs almost no changes to the model", z3))
+            guide = "Fast links between nodes: the guide offers ZeRO, or PP + TP + DP."
+            recs.append(Recommendation(zero if fits_one else z3, "almost no changes to the model, but "
+                                       "the most traffic between nodes (weights gathered at every step)", z3))
             recs.append(Recommendation(three_label, "less communication than ZeRO, but the model must be "
                                        "rewritten for TP and PP (ZeRO-1 optional)", three_label))
         else:
-            recs.append(Recommendation(three_label, "slow links between nodes: TP inside nodes, PP across them "
-                                       "(only activations cross the slow links), DP over the rest, ZeRO-1 to "
-                                       "shard optimizer states", three_label))
+            guide = "Slow links between nodes: the guide offers DP + PP + TP + ZeRO-1."
+            recs.append(Recommendation(three_label, "TP inside nodes, PP across them (only activations cross "
+                                       "the slow links), DP over the rest, ZeRO-1 to shard optimizer "
+                                       "states", three_label))
         if fits_one:
-            recs.insert(0, Recommendation(ddp, "the model fits one GPU: plain data parallelism is the simplest "
-                                          "start", ddp))
+            recs.insert(0, Recommendation(ddp, "plain data parallelism, the simplest start: a whole copy per "
+                                          "GPU, gradients all-reduced across nodes once per step", ddp))
+
+    if with_acts:
+        need = (f"{one.total / GB:.1f} GB ({one.model_states / GB:.1f} GB model states + "
+                f"{one.activations / GB:.1f} GB activations)")
+    else:
+        need = f"{one.total / GB:.1f} GB of model states"
+    summary = f"{fit} One GPU needs {need}; it has {gpu_memory_gb:g} GB. {guide}"
+
     notes = [f"Ψ = {num_params / 1e9:.3g} B parameters; {per_param:g} bytes/parameter of model states "
-             f"({precision}, {optimizer}); one GPU needs {one.total / GB:.1f} GB of {gpu_memory_gb:g} GB"]
-    if not any(Advice(recs, memory, gpu, fits_one, layer_fits).fits(r) for r in recs if r.layout):
+             f"({precision}, {optimizer})"]
+    if with_acts:
+        tokens = seq_len or getattr(config, "max_position_embeddings", None)
+        notes.append(f"activations: micro-batch {micro_batch} × {tokens} tokens per GPU"
+                     + (", checkpointed (each layer's input kept, the rest recomputed)" if checkpointing else ""))
+        positions = getattr(config, "max_position_embeddings", None)
+        if seq_len and positions and seq_len > positions:
+            notes.append(f"seq_len={seq_len} is longer than the model's {positions} positions")
+        if not fits_one and one.model_states <= gpu:
+            # the guide: exhaust the single-GPU techniques before reaching for more GPUs
+            line = "model states alone fit one GPU; activations push it over"
+            if not checkpointing:
+                saved = est(checkpointing=True)
+                line += (f": with activation checkpointing one GPU needs {saved.total / GB:.1f} GB"
+                         + (" and it fits" if saved.total <= gpu else ""))
+            notes.append(line + "; a smaller micro-batch also helps")
+    elif micro_batch:
+        notes.append("activations not counted: num_params= gives no architecture (give a preset or config)")
+    else:
+        notes.append("model states only (micro_batch=0): activations come on top")
+    if not any(memory[r.layout].total <= gpu for r in recs if r.layout):
         notes.append("none of these layouts fits: add GPUs, or save memory (activation checkpointing, "
                      "CPU offload, a smaller micro-batch)")
     if gpus_per_node > 8:
         notes.append("TP degree is capped at the GPUs per node: TP's all-reduces need the fast intra-node link")
-    return Advice(recs, memory, gpu, fits_one, layer_fits, notes)
+    return Advice(recs, memory, gpu, fits_one, layer_fits, notes, summary)

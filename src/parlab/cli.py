@@ -1,4 +1,5 @@
 """The ``parlab`` command. ``parlab check``: is this machine ready for the course? (chapter 00)
+``parlab run``: run the chapters headless (see :mod:`parlab.course`). ``parlab export``: see :mod:`parlab.export`.
 
 It prints versions, backends, CPUs, GPUs and how the GPUs are connected (``nvidia-smi topo -m``), then
 runs a 2-rank all-reduce on each backend this machine can use, through the same launcher the
@@ -52,26 +53,59 @@ def _smoke(backend: str, world_size: int = 2) -> tuple[str, bool]:
     return f"{verdict} ({world_size} ranks, {time.perf_counter() - start:.2f} s incl. start-up)", ok
 
 
+def _gpu_rows(gpus: int) -> list[tuple[str, str]]:
+    """Name and memory of each visible GPU. Asked of nvidia-smi where it exists: torch would create a CUDA
+    context on every GPU in this process (hundreds of MiB each), on GPUs other learners may be using."""
+    if not gpus:
+        return []
+    if shutil.which("nvidia-smi"):
+        query = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+        if query.returncode == 0:
+            return [(f"  GPU {line.split(',')[0].strip()}", ",".join(line.split(",")[1:]).strip())
+                    for line in query.stdout.strip().splitlines()]
+    import torch
+
+    return [(f"  cuda:{i}", f"{torch.cuda.get_device_properties(i).name}, "
+                            f"{torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB") for i in range(gpus)]
+
+
+def leases() -> tuple[str, int | None]:
+    """Workshop mode: this session's GPU pool, and who holds each GPU of the machine now (launch/lease.py).
+    Also returns how many GPUs a launch may use, or None when PARLAB_GPUS is invalid."""
+    from parlab.launch import lease
+
+    requested = lease.requested()
+    try:
+        pool = lease.pool()
+    except ValueError as exc:
+        return _table("GPU leases", [("PARLAB_GPUS", f"INVALID: {exc}")]), None
+    held = lease.holders_of(lease.sort_gpus([*(pool or []), *lease.holders_of()]))
+    rows = [("PARLAB_GPUS", f"{requested!r}: launches lease GPUs from {', '.join(pool) or 'none'}" if requested
+             else "unset: launches use every visible GPU, without leasing"),
+            ("lock folder", lease.lock_dir())]
+    rows += [(f"GPU {gpu}", f"held by {lease.describe_holder(h)}" if h else "free") for gpu, h in held.items()]
+    return _table("GPU leases", rows), lease.pool_size()
+
+
 def check() -> int:
     import torch
     import torch.distributed as dist
 
-    from parlab.launch.plan import cpu_count, max_cpu_ranks, visible_gpus
+    from parlab.launch.plan import cpu_count, max_cpu_ranks
 
     print(_table("Versions", [
         ("python", platform.python_version()),
         ("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})"),
         *[(p, _version(p)) for p in ("parlab", "transformers", "jupyterlab", "ipykernel", "cloudpickle")],
     ]))
-    gpus = visible_gpus()
+    gpus = torch.cuda.device_count()
     backends = [("gloo", "available" if dist.is_gloo_available() else "missing"),
                 ("nccl", "available" if dist.is_nccl_available() else "not in this torch build")]
     print(_table("Backends", backends))
     hw = [("platform", platform.platform()), ("CPU cores usable", str(cpu_count())),
           ("CPU ranks allowed", f"up to {max_cpu_ranks()} (PARLAB_MAX_RANKS)"), ("GPUs visible", str(gpus))]
-    for i in range(gpus):
-        p = torch.cuda.get_device_properties(i)
-        hw.append((f"  cuda:{i}", f"{p.name}, {p.total_memory / 2**30:.0f} GiB"))
+    hw += _gpu_rows(gpus)
     print(_table("Hardware", hw))
     if shutil.which("nvidia-smi") and gpus:
         topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
@@ -80,19 +114,39 @@ def check() -> int:
         print("NV# = NVLink (fast GPU-to-GPU); PIX/PXB/PHB/NODE/SYS = through PCIe and the CPU (slower).\n")
     else:
         print("GPU interconnect: no GPUs visible (course runs in CPU mode: gloo, one process per rank)\n")
-    rows, all_ok = [], True
+    lease_table, usable = leases()
+    print(lease_table)
+    rows, all_ok = [], usable is not None
     gloo_result, ok = _smoke("gloo")
     rows.append(("gloo · CPU", gloo_result))
     all_ok &= ok
-    if dist.is_nccl_available() and gpus >= 2:
+    if dist.is_nccl_available() and (usable or 0) >= 2:
         nccl_result, ok = _smoke("nccl")
         rows.append(("nccl · GPU", nccl_result))
         all_ok &= ok
     else:
-        rows.append(("nccl · GPU", f"skipped: needs 2 GPUs, {gpus} visible"))
+        rows.append(("nccl · GPU", f"skipped: needs 2 GPUs, {usable if usable is not None else 'none'} usable"))
     print(_table("Smoke test: all_reduce", rows))
     print("Ready." if all_ok else "Some checks FAILED (see above).")
     return 0 if all_ok else 1
+
+
+def run_chapters(args) -> int:
+    from parlab import course
+
+    try:
+        paths = course.chapters(args.chapters, args.notebooks)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"parlab run: {exc}", file=sys.stderr)
+        return 2
+    print(f"parlab run: {len(paths)} chapter(s) from {paths[0].parent}, "
+          f"{'CI' if args.ci else 'default'} parameters, output in {args.output}/", flush=True)
+    results = course.run_course(paths, args.output, ci=args.ci, html=not args.no_html,
+                                cell_timeout=args.cell_timeout, require_gpu=args.require_gpu)
+    course.write_summary(results, args.output)
+    print()
+    print(course.table(results))
+    return 0 if all(r.passed for r in results) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,9 +160,25 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("-o", "--output", help="script to write (default: print it)")
     export.add_argument("--world-size", type=int, default=4, help="default number of ranks (default 4)")
     export.add_argument("--args", default="[]", help="positional arguments as a Python list, e.g. '[1000]'")
+    run = sub.add_parser("run", help="run every chapter (or some) top to bottom in a fresh kernel, each in its "
+                                     "own folder; executed notebooks and HTML go to --output")
+    run.add_argument("--chapters", nargs="+", metavar="NN", help="chapters to run, by number or name "
+                                                                  "(default: every NN_*.ipynb)")
+    run.add_argument("--ci", action="store_true", help="use each chapter's CI parameters "
+                                                       "(metadata.parlab.ci_parameters) instead of its defaults")
+    run.add_argument("--output", default="parlab-run", help="folder for executed notebooks, HTML and "
+                                                            "summary.json (default: parlab-run)")
+    run.add_argument("--notebooks", default=None, help="folder holding the chapters (default: the course's "
+                                                       "notebooks/)")
+    run.add_argument("--no-html", action="store_true", help="do not write HTML copies")
+    run.add_argument("--cell-timeout", type=float, default=600, help="seconds one cell may run (default 600)")
+    run.add_argument("--require-gpu", action="store_true", help="fail a chapter whose world_size would not run in "
+                                                                "GPU mode (NCCL) here: for GPU runners")
     args = parser.parse_args(argv)
     if args.command == "check":
         return check()
+    if args.command == "run":
+        return run_chapters(args)
     if args.command == "export":
         import ast
 

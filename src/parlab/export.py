@@ -8,15 +8,17 @@ notebook), in notebook order, and a ``__main__`` that calls
 ``parlab.launch(train, world_size)``. Run it with ``python train.py`` or under torchrun: ``launch`` then
 joins the job (see :mod:`parlab.launch.cluster`). Nothing is copied by hand, so nothing drifts.
 
-It reads the notebook file: save the notebook first. Only imports, function and class definitions and
-assignments are exported; other top-level statements (``torch.manual_seed(0)``, a training run) are not,
-so put what the function needs inside it.
+It reads the notebook file: save the notebook first. A bare file name that is not in the current folder
+is looked up among the course's chapters, so a chapter's own export cell works wherever its kernel was
+started. Only imports, function and class definitions and assignments are exported; other top-level
+statements (``torch.manual_seed(0)``, a training run) are not, so put what the function needs inside it.
 Chapter 00, "From notebook to cluster".
 """
 
 from __future__ import annotations
 
 import ast
+import os
 
 import nbformat
 
@@ -46,6 +48,21 @@ def _used(node) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
+def _find_notebook(notebook: str) -> str:
+    if os.path.exists(notebook):
+        return notebook
+    if os.path.basename(notebook) == notebook:
+        from parlab.course import notebooks_dir
+
+        chapter = notebooks_dir() / notebook
+        if chapter.exists():
+            return str(chapter)
+    raise FileNotFoundError(
+        f"notebook {notebook!r}: no such file in the working folder {os.getcwd()}, nor among the course's "
+        f"chapters. Give its path, or run from the notebook's own folder (JupyterLab and `parlab run` do; "
+        f"with papermill, pass --cwd).")
+
+
 def export_function(notebook: str, function: str, args=(), world_size: int = 4, script: str = "script.py") -> str:
     """The text of a script that runs ``function`` from ``notebook`` on ``world_size`` ranks."""
     try:
@@ -54,7 +71,7 @@ def export_function(notebook: str, function: str, args=(), world_size: int = 4, 
         literal = False
     if not literal:
         raise ValueError(f"args must be Python literals (numbers, strings, lists, dicts); got {args!r}")
-    nb = nbformat.read(notebook, as_version=4)
+    nb = nbformat.read(_find_notebook(notebook), as_version=4)
     imports, definitions = [], []  # (node, source text), in notebook order
     for cell in nb.cells:
         if cell.cell_type != "code":

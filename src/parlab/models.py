@@ -10,10 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def _positive_int(name: str, value, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int ({what}); got {value!r}")
+from parlab.checks import positive_int
 
 
 class TinyMLP(nn.Module):
@@ -26,7 +23,7 @@ class TinyMLP(nn.Module):
     def __init__(self, d_in: int = 16, hidden: int = 32, d_out: int = 8):
         super().__init__()
         for name, value in (("d_in", d_in), ("hidden", hidden), ("d_out", d_out)):
-            _positive_int(name, value, "a layer width")
+            positive_int(name, value, "a layer width")
         self.d_in, self.d_out = d_in, d_out
         self.inp = nn.Linear(d_in, hidden)
         self.norm = nn.LayerNorm(hidden)
@@ -55,7 +52,7 @@ class ResidualBlock(nn.Module):
 
     def __init__(self, hidden: int = 16):
         super().__init__()
-        _positive_int("hidden", hidden, "a layer width")
+        positive_int("hidden", hidden, "a layer width")
         self.up = nn.Linear(hidden, 4 * hidden)
         self.down = nn.Linear(4 * hidden, hidden)
 
@@ -65,7 +62,7 @@ class ResidualBlock(nn.Module):
 
 def tiny_blocks(num_blocks: int = 4, hidden: int = 16, seed: int = 0) -> nn.Sequential:
     """A stack of :class:`ResidualBlock` whose initial parameters depend only on ``seed``."""
-    _positive_int("num_blocks", num_blocks, "blocks in the stack")
+    positive_int("num_blocks", num_blocks, "blocks in the stack")
     with torch.random.fork_rng(devices=[]):  # CPU generator only: no CUDA context
         torch.manual_seed(seed)
         return nn.Sequential(*[ResidualBlock(hidden) for _ in range(num_blocks)])
@@ -77,7 +74,7 @@ def regression_batch(batch_size: int, d_in: int = 16, d_out: int = 8, seed: int 
     The same ``seed`` gives the same batch in every process, so each rank can build the global batch and
     take its own shard of it.
     """
-    _positive_int("batch_size", batch_size, "examples in the batch")
+    positive_int("batch_size", batch_size, "examples in the batch")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch_size, d_in, generator=g)
     w = torch.randn(d_in, d_out, generator=torch.Generator().manual_seed(12345))  # the same map for all seeds
@@ -86,24 +83,26 @@ def regression_batch(batch_size: int, d_in: int = 16, d_out: int = 8, seed: int 
 
 
 def tiny_gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab_size: int = 128,
-              n_positions: int = 32, seed: int = 0):
+              n_positions: int = 32, seed: int = 0, tie_word_embeddings: bool = True):
     """A transformers ``GPT2LMHeadModel`` built from a config (no download), with dropout off.
 
     Dropout off makes the forward pass deterministic, so several ranks and a single-process reference can
-    be compared number for number. The token embedding and the LM head share one weight (tied).
+    be compared number for number. The token embedding and the LM head share one weight (tied), unless
+    ``tie_word_embeddings=False`` (a pipeline puts them on different stages, chapter 06).
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
     for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head", n_head),
                         ("vocab_size", vocab_size), ("n_positions", n_positions)):
-        _positive_int(name, value, "a GPT-2 config size")
+        positive_int(name, value, "a GPT-2 config size")
     if n_embd % n_head:
         raise ValueError(f"n_embd must be divisible by n_head (each head gets n_embd / n_head dims); "
                          f"got n_embd={n_embd}, n_head={n_head}")
     cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
                      n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                      # GPT-2's defaults (50256) lie outside a tiny vocabulary; transformers warns about it.
-                     bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+                     bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1,
+                     tie_word_embeddings=tie_word_embeddings)
     with torch.random.fork_rng(devices=[]):  # CPU generator only: no CUDA context
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(cfg)
@@ -118,9 +117,9 @@ def token_batch(batch_size: int, seq_len: int = 16, vocab_size: int = 128, seed:
     with an occasional random token mixed in, so the loss of a causal LM falls as it trains. Same seed,
     same batch, in every process.
     """
-    _positive_int("batch_size", batch_size, "sequences in the batch")
-    _positive_int("seq_len", seq_len, "tokens per sequence")
-    _positive_int("vocab_size", vocab_size, "distinct token ids")
+    positive_int("batch_size", batch_size, "sequences in the batch")
+    positive_int("seq_len", seq_len, "tokens per sequence")
+    positive_int("vocab_size", vocab_size, "distinct token ids")
     g = torch.Generator().manual_seed(seed)
     tokens = torch.empty(batch_size, seq_len, dtype=torch.long)
     tokens[:, 0] = torch.randint(vocab_size, (batch_size,), generator=g)
@@ -137,7 +136,7 @@ def shard(batch, rank: int, world_size: int):
     Needs a batch size divisible by ``world_size``: with equal shards, the mean of the ranks' mean losses
     is the global batch's mean loss, which is what makes data parallelism exact.
     """
-    _positive_int("world_size", world_size, "the number of ranks")
+    positive_int("world_size", world_size, "the number of ranks")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in 0..{world_size - 1}; got {rank!r}")
     if isinstance(batch, (tuple, list)):
@@ -148,3 +147,28 @@ def shard(batch, rank: int, world_size: int):
                          f"of {world_size} so every rank gets the same number of examples")
     per = n // world_size
     return batch[rank * per:(rank + 1) * per]  # (batch / world_size, ...)
+
+
+def tiny_llama(n_layer: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2, intermediate: int = 64,
+               vocab_size: int = 128, n_positions: int = 32, seed: int = 0):
+    """A transformers ``LlamaForCausalLM`` built from a config (no download): RMSNorm, rotary positions,
+    grouped-query attention (``kv_heads`` K/V heads shared by ``heads`` query heads), a gated SwiGLU MLP,
+    and an output layer of its own (not tied to the embedding). Used from chapter 05 on.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    for name, value in (("n_layer", n_layer), ("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads),
+                        ("intermediate", intermediate), ("vocab_size", vocab_size), ("n_positions", n_positions)):
+        positive_int(name, value, "a Llama config size")
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"hidden must be divisible by heads and heads by kv_heads; got hidden={hidden}, "
+                         f"heads={heads}, kv_heads={kv_heads}")
+    cfg = LlamaConfig(num_hidden_layers=n_layer, hidden_size=hidden, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab_size,
+                      max_position_embeddings=n_positions, tie_word_embeddings=False,
+                      bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+    with torch.random.fork_rng(devices=[]):  # CPU generator only: no CUDA context
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    model.loss_type = "ForCausalLM"
+    return model

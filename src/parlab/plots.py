@@ -1,22 +1,28 @@
 """The course's pictures: every sequence of numbers the chapters measure is drawn with one of these.
 
 - :func:`rank_tensors`   every rank's tensor before and after a collective (chapter 02)
-- :func:`memory_bars`    stacked bytes per component (params, grads, optimizer, activations) per bar
+- :func:`memory_bars`    stacked bytes per component (params, grads, DDP buckets, optimizer, activations) per bar
                          (chapter 01; ZeRO stages in 04)
 - :func:`gantt`          per-rank timeline of compute / comm / idle events (chapters 02, 03, 06)
 - :func:`bandwidth`      time, algbw and busbw against message size, with an α-β fit (chapter 02)
+- :func:`pipeline`       a pipeline's forwards and backwards per rank, idle time, activations held (chapter 06)
+- :func:`comm_bytes`     bytes per rank, one segment per op (chapter 03: DataParallel vs DDP)
 
 Each returns the matplotlib ``Figure``; end the notebook line with ``;`` so it is drawn once.
+``memory_bars(..., pyplot=False)`` makes a plain ``Figure`` that pyplot never sees: a widget callback,
+which JupyterLab's kernel subshells run on another thread than the cells, draws that way.
 """
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 KIND_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "idle": "#D9D9D9"}
-MEMORY_COLORS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B3"}
+MEMORY_COLORS = {"params": "#4C72B0", "grads": "#55A868", "buckets": "#8DCB9B", "optimizer": "#C44E52",
+                 "activations": "#8172B3"}
 
 
 def _fmt(v: float) -> str:
@@ -63,12 +69,18 @@ def _as_list(t):
 
 
 def memory_bars(breakdowns: dict, title: str = "", unit: float = 1e9, unit_name: str = "GB",
-                limit: float | None = None, limit_label: str = "GPU memory", ymax: float | None = None):
+                limit: float | None = None, limit_label: str = "GPU memory", ymax: float | None = None,
+                pyplot: bool = True):
     """Stacked bars, one per label: ``breakdowns = {label: {"params": bytes, "grads": …}}`` (or objects
     with ``as_dict()``). ``limit``: bytes, drawn as a dashed line (a GPU's memory). ``ymax``: bytes; taller
-    bars are cut there and marked with their total and an arrow, so that small bars stay readable."""
+    bars are cut there and marked with their total and an arrow, so that small bars stay readable.
+    ``pyplot=False``: a plain ``Figure``, outside pyplot's open figures (safe off the main thread)."""
     labels = list(breakdowns)
-    fig, ax = plt.subplots(figsize=(min(13, max(4.5, 1.0 * len(labels) + 2.5)), 4.2))
+    figsize = (min(13, max(4.5, 1.0 * len(labels) + 2.5)), 4.2)
+    # pyplot's list of open figures is global: the inline backend shows and closes all of them after
+    # each cell, from the main thread, even one another thread is still drawing
+    fig = plt.figure(figsize=figsize) if pyplot else Figure(figsize=figsize)
+    ax = fig.subplots()
     bottom = np.zeros(len(labels))
     for part, color in MEMORY_COLORS.items():
         heights = np.array([_get(breakdowns[k], part) / unit for k in labels])
@@ -108,24 +120,33 @@ def _get(breakdown, part):
 LANES = {"compute": (-0.19, 0.36), "comm": (0.19, 0.36), "idle": (0.0, 0.74)}
 
 
-def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06):
+def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06, ax=None):
     """One row per rank (compute above, communication below), one bar per event, coloured by kind;
-    names shown on bars wide enough (``label_min``: share of the whole span)."""
+    names shown on bars wide enough (``label_min``: share of the whole span). Events of one kind that
+    overlap in time on a rank (asynchronous collectives in flight together) are stacked in thinner
+    sub-lanes, so that none hides another. ``ax``: draw into these axes instead of a new figure."""
     events = list(events)
     ranks = sorted({e.rank for e in events})
-    fig, ax = plt.subplots(figsize=(9, 0.75 * len(ranks) + 1.4))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 0.75 * len(ranks) + 1.4))
+    else:
+        fig = ax.figure
     t0 = min(e.start for e in events)
     span = max(e.end for e in events) - t0 or 1
+    sub = _sub_lanes(events)
     for e in sorted(events, key=lambda e: e.kind != "idle"):  # idle first, underneath
         offset, height = LANES.get(e.kind, (0.0, 0.74))
-        y = ranks.index(e.rank) + offset
+        index, count = sub[id(e)]
+        height /= count
+        y = ranks.index(e.rank) + offset - 0.5 * height * (count - 1) + index * height
         ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=height,
                 color=KIND_COLORS.get(e.kind, "grey"), edgecolor="white", linewidth=0.5)
-        if e.seconds / span > label_min and e.kind != "idle":
+        if e.seconds / span > label_min and e.kind != "idle" and count == 1:
             ax.text((e.start - t0 + e.seconds / 2) / unit, y, e.name, ha="center", va="center",
                     color="white", fontsize=8)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.invert_yaxis()
+    if not ax.yaxis_inverted():
+        ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit_name})")
     shown = [k for k in KIND_COLORS if any(e.kind == k for e in events)]  # no legend entry for nothing
     handles = [Rectangle((0, 0), 1, 1, color=KIND_COLORS[k]) for k in shown]
@@ -133,6 +154,27 @@ def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", la
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def _sub_lanes(events) -> dict:
+    """id(event) -> (sub-lane index, sub-lanes in its lane): greedy interval colouring per (rank, kind)."""
+    out = {}
+    lanes: dict = {}
+    for e in sorted(events, key=lambda e: e.start):
+        lanes.setdefault((e.rank, e.kind), []).append(e)
+    for evs in lanes.values():
+        ends: list[float] = []  # end time of the last event in each sub-lane
+        chosen = []
+        for e in evs:
+            i = next((i for i, end in enumerate(ends) if end <= e.start), len(ends))
+            if i == len(ends):
+                ends.append(e.end)
+            else:
+                ends[i] = e.end
+            chosen.append((e, i))
+        for e, i in chosen:
+            out[id(e)] = (i, len(ends))
+    return out
 
 
 def bandwidth(curves: dict, fit: dict | None = None, title: str = ""):
@@ -163,5 +205,167 @@ def bandwidth(curves: dict, fit: dict | None = None, title: str = ""):
     ax_bw.set_title("bandwidth (nccl-tests convention)")
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+#: Pipeline operations (chapter 06): forward blue, backward green; a split backward's input half (I) light
+#: green and its weight half (W) teal, so that a zero-bubble schedule shows where W work fills the bubble.
+PIPELINE_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#8BC995", "W": "#2A9D8F"}
+
+
+def pipeline(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", memory: dict | None = None,
+             memory_label: str = "activations held", ax=None):
+    """A pipeline's timeline: one row per rank, one box per operation (``F3``, ``B3``, ``I3``, ``W3``; the
+    boxes of a rank's later stages, ``F3s5``, in lighter shades), idle time grey. Works for recorded and
+    simulated events alike (``parlab.parallel.pipeline_schedule.simulate``). ``memory``: rank → list of
+    ``(time, value)``, drawn as a step line per rank in a second panel. Drawn on a plain ``Figure``, not
+    through pyplot, so that a widget may call it from any thread (chapter 06)."""
+    from matplotlib.figure import Figure
+
+    from parlab.parallel.pipeline_schedule import Op
+
+    events = [e for e in events if e.kind == "compute"]
+    if not events:
+        raise ValueError("pipeline() needs a timeline with compute events")
+    ranks = sorted({e.rank for e in events})
+    t0 = min(e.start for e in events)
+    t1 = max(e.end for e in events)
+    if ax is None:
+        rows = 2 if memory else 1
+        fig = Figure(figsize=(10, 0.55 * len(ranks) + 1.3 + (1.8 if memory else 0)))
+        axes = fig.subplots(rows, 1, sharex=True, gridspec_kw={"height_ratios": [len(ranks) + 1, 3][:rows]},
+                            squeeze=False)[:, 0]
+        ax = axes[0]
+    else:
+        fig, axes = ax.figure, [ax]
+    ops = [(e, Op.parse(e.name, stage=e.rank)) for e in events]
+    stages = {r: sorted({op.stage for e, op in ops if e.rank == r}) for r in ranks}
+    for y, r in enumerate(ranks):
+        ax.barh(y, (t1 - t0) / unit, left=0, height=0.8, color=KIND_COLORS["idle"], linewidth=0)
+    for e, op in ops:
+        y = ranks.index(e.rank)
+        chunk = stages[e.rank].index(op.stage)
+        color = _lighter(PIPELINE_COLORS[op.kind], 0.45 * chunk / max(1, len(stages[e.rank]) - 1))
+        ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=0.8, color=color, edgecolor="white",
+                linewidth=0.6)
+        width = e.seconds / (t1 - t0)
+        text = f"{op.kind}{op.micro_batch}" if width > 0.028 else (str(op.micro_batch) if width > 0.012 else "")
+        ax.text((e.start - t0 + e.seconds / 2) / unit, y, text, ha="center", va="center", color="white", fontsize=7)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_xlim(0, (t1 - t0) / unit)
+    kinds = [k for k in PIPELINE_COLORS if any(op.kind == k for _, op in ops)]
+    handles = [Rectangle((0, 0), 1, 1, color=PIPELINE_COLORS[k]) for k in kinds] + [
+        Rectangle((0, 0), 1, 1, color=KIND_COLORS["idle"])]
+    names = {"F": "forward", "B": "backward", "I": "backward: input grad", "W": "backward: weight grad"}
+    ax.legend(handles, [names[k] for k in kinds] + ["idle"], loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              frameon=False, fontsize=8)
+    ax.set_title(title, fontsize=10)
+    if memory:
+        mem_ax = axes[1]
+        for r in ranks:
+            points = memory.get(r, [])
+            if points:
+                mem_ax.step([(t - t0) / unit for t, _ in points], [v for _, v in points], where="post",
+                            label=f"rank {r}")
+        mem_ax.set_ylabel(memory_label, fontsize=8)
+        mem_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+        mem_ax.set_ylim(bottom=0)
+    axes[-1].set_xlabel(f"time ({unit_name})")
+    fig.tight_layout()
+    return fig
+
+
+def _lighter(color: str, amount: float) -> tuple:
+    """``color`` blended towards white by ``amount`` (0: unchanged, 1: white)."""
+    from matplotlib.colors import to_rgb
+
+    return tuple(c + (1 - c) * amount for c in to_rgb(color))
+
+
+def matmul_split(tp_size: int, title: str = ""):
+    """Y = X·A split over ``tp_size`` ranks two ways, one colour per rank (chapter 05).
+
+    Top, by columns: every rank holds all of X and its columns of A, and computes its columns of Y.
+    Bottom, by rows: rank r holds X's columns r and A's rows r, and computes a whole-sized partial Y_r;
+    Y is their sum (an all-reduce).
+    """
+    t = tp_size
+    colors = [plt.get_cmap("tab10")(r % 10) for r in range(t)]
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5.2))
+
+    def block(ax, x, y, w, h, label, split=None, hatch=None, color="#cccccc"):
+        # split: None (one colour), "cols" or "rows" (t stripes, one per rank)
+        for r in range(t if split else 1):
+            c = colors[r] if split else color
+            dx, dy, ww, hh = (x + r * w / t, y, w / t, h) if split == "cols" else \
+                (x, y + (t - 1 - r) * h / t, w, h / t) if split == "rows" else (x, y, w, h)
+            ax.add_patch(Rectangle((dx, dy), ww, hh, facecolor=c, edgecolor="k", lw=0.8, alpha=0.75, hatch=hatch))
+        ax.text(x + w / 2, y + h + 0.12, label, ha="center", va="bottom", fontsize=9)
+
+    ax = axes[0]
+    block(ax, 0, 0, 1.6, 1.2, "X (b × k): whole on every rank")
+    ax.text(1.9, 0.6, "·", fontsize=20, ha="center", va="center")
+    block(ax, 2.2, -0.2, 2.0, 1.6, "A (k × n): columns split", "cols")
+    ax.text(4.5, 0.6, "=", fontsize=16, ha="center", va="center")
+    block(ax, 4.8, 0, 2.0, 1.2, "Y: columns split, Y_r = X·A_r", "cols")
+    ax.text(7.1, 0.6, "each rank its own columns:\nno communication (yet)", fontsize=9, va="center")
+    ax.set_title("column-parallel: rank r computes X·A_r", fontsize=10, loc="left")
+    ax = axes[1]
+    block(ax, 0, 0, 1.6, 1.2, "X (b × k): columns split", "cols")
+    ax.text(1.9, 0.6, "·", fontsize=20, ha="center", va="center")
+    block(ax, 2.2, -0.2, 2.0, 1.6, "A (k × n): rows split", "rows")
+    ax.text(4.5, 0.6, "=", fontsize=16, ha="center", va="center")
+    w = 2.6 / t
+    for r in range(t):
+        block(ax, 4.8 + r * (w + 0.15), 0.2, w, 0.8, f"X{r}·A{r}", color=colors[r], hatch="//")
+        if r < t - 1:
+            ax.text(4.8 + r * (w + 0.15) + w + 0.075, 0.6, "+", ha="center", va="center", fontsize=10)
+    ax.text(4.8 + t * (w + 0.15) + 0.1, 0.6, "all-reduce → Y\n(whole on every rank)", fontsize=9, va="center")
+    ax.set_title("row-parallel: rank r computes a partial sum X_r·A_r", fontsize=10, loc="left")
+    for ax in axes:
+        ax.set_xlim(-0.2, 9.4)
+        ax.set_ylim(-0.4, 1.9)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    handles = [Rectangle((0, 0), 1, 1, facecolor=c, alpha=0.75) for c in colors]
+    fig.legend(handles, [f"rank {r}" for r in range(t)], loc="lower center", ncol=t, frameon=False, fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def comm_bytes(records_by_rank, title: str = "", unit: float = 1024, unit_name: str = "KiB", ax=None):
+    """Horizontal stacked bars, one per rank: the bytes of each op it took part in (the nccl-tests size of
+    :class:`parlab.measure.CommRecord`), one segment per op and label (chapter 03: DataParallel's
+    exchanges). ``records_by_rank``: what the ranks returned, a list of record lists indexed by rank."""
+    records_by_rank = [list(r) for r in records_by_rank]
+    keys: list[str] = []
+    for records in records_by_rank:
+        for r in records:
+            key = r.op if r.label is None else f"{r.op} {r.label}"
+            if key not in keys:
+                keys.append(key)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 0.55 * len(records_by_rank) + 1.6))
+    else:
+        fig = ax.figure
+    left = np.zeros(len(records_by_rank))
+    colors = plt.get_cmap("tab10")
+    for k, key in enumerate(keys):
+        widths = np.array([sum(r.bytes for r in records if (r.op if r.label is None else f"{r.op} {r.label}") == key)
+                           for records in records_by_rank]) / unit
+        ax.barh(range(len(records_by_rank)), widths, left=left, color=colors(k % 10), label=key)
+        left += widths
+    for y, total in enumerate(left):
+        ax.text(total, y, f" {total:,.0f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(records_by_rank)), [f"rank {r}" for r in range(len(records_by_rank))])
+    if not ax.yaxis_inverted():
+        ax.invert_yaxis()
+    ax.set_xlabel(f"{unit_name} per op (nccl-tests size)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+    ax.set_title(title)
     fig.tight_layout()
     return fig

@@ -8,6 +8,8 @@ bandwidth, and the reason nccl-tests define all-reduce bus bandwidth with that f
 
 Only ``isend``/``recv`` are used, so :func:`parlab.measure.record_comm` counts exactly the bytes sent.
 ``numel`` need not divide by n: chunks come from ``tensor_split`` and may differ by one element.
+``before_step(step)``, if given, runs on this rank before each of its steps (chapter 02 makes one rank
+slow with it, to show that every step waits for the slowest neighbour).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> 
     request.wait()
 
 
-def ring_reduce_scatter(chunks: list[torch.Tensor]) -> int:
+def ring_reduce_scatter(chunks: list[torch.Tensor], before_step=None) -> int:
     """Sum ``chunks`` (views of one buffer) over the ring, in place; returns the chunk index this rank
     now holds fully summed: ``(rank + 1) % n``."""
     n, rank = dist.get_world_size(), dist.get_rank()
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
+        if before_step is not None:
+            before_step(step)
         send_idx = (rank - step) % n      # the partial sum I received last step (my own chunk at step 0)
         recv_idx = (rank - step - 1) % n  # the partial sum my left neighbour is sending me
         incoming = torch.empty_like(chunks[recv_idx])
@@ -37,12 +41,14 @@ def ring_reduce_scatter(chunks: list[torch.Tensor]) -> int:
     return (rank + 1) % n
 
 
-def ring_all_gather(chunks: list[torch.Tensor], owned: int) -> None:
+def ring_all_gather(chunks: list[torch.Tensor], owned: int, before_step=None) -> None:
     """Pass complete chunks round the ring until every rank has all of them; ``owned``: the chunk index
     this rank starts with."""
     n, rank = dist.get_world_size(), dist.get_rank()
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
+        if before_step is not None:
+            before_step(step)
         send_idx = (owned - step) % n
         recv_idx = (owned - step - 1) % n
         _exchange(chunks[send_idx], chunks[recv_idx], right, left)

@@ -25,7 +25,7 @@ import tempfile
 import time
 from multiprocessing.connection import wait
 
-from parlab.launch import _pickling
+from parlab.launch import _pickling, lease
 from parlab.launch._zygote import _zygote_lock, _zygote_with
 from parlab.launch.cluster import current_job, run_in_job
 from parlab.launch.errors import (
@@ -91,6 +91,7 @@ class _Launch:
         self.failures: list[_Rank] = []  # in order of arrival
         self.width = len(str(plan.world_size - 1))
         self.closed = False
+        self.gpus = lease.Lease()  # the GPUs this launch holds (none on CPU, or without PARLAB_GPUS)
         self.store_path: str | None = None
         self.started_at = time.monotonic()
         # The zygote's ranks start in milliseconds: say what runs at once. Spawn's take seconds: say so,
@@ -116,6 +117,8 @@ class _Launch:
 
     # -- starting ------------------------------------------------------------------------------------
     def start(self) -> None:
+        if self.plan.device_type == "cuda":  # on a shared machine, GPUs no other launch holds (lease.py)
+            self.gpus = lease.acquire(self.plan.world_size, what=f"{self.plan.world_size} ranks")
         fd, self.store_path = tempfile.mkstemp(prefix="parlab-store-")
         os.close(fd)
         common = {
@@ -130,6 +133,7 @@ class _Launch:
             WORLD_SIZE=str(self.plan.world_size), LOCAL_WORLD_SIZE=str(self.plan.world_size),
             PARLAB_IN_RANK="1", OMP_NUM_THREADS=str(self.plan.threads), PYTHONUNBUFFERED="1",
         )
+        base_env.update(self.gpus.env)
         if self.plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in base_env:
             loopback = _loopback_interface()
             if loopback:  # all ranks are on this machine: keep their traffic on loopback
@@ -378,6 +382,7 @@ class _Launch:
         self.closed = True
         self._stop()
         self._drain(deadline=time.monotonic() + 3.0)
+        self.gpus.release()  # every rank has exited: the GPUs are free again
         self.sources.clear()
         for r in self.ranks:
             r.proc.close()

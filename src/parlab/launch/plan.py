@@ -48,11 +48,12 @@ def max_cpu_ranks() -> int:
 
 
 def visible_gpus() -> int:
-    """GPUs this process may use (respects CUDA_VISIBLE_DEVICES). torch counts them through NVML where
-    it can, so asking does not create a CUDA context (and take GPU memory) in the kernel."""
-    import torch
+    """GPUs a launch may use: those this process sees (respects CUDA_VISIBLE_DEVICES), or on a shared
+    machine the pool PARLAB_GPUS names (see lease.py). torch counts them through NVML where it can, so
+    asking does not create a CUDA context (and take GPU memory) in the kernel."""
+    from parlab.launch import lease
 
-    return torch.cuda.device_count()
+    return lease.pool_size()
 
 
 def make_plan(world_size, backend="auto", timeout=30.0, threads=None) -> Plan:

@@ -5,20 +5,32 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
 
 - memory.py     ``estimate_memory(model | num_params=, precision=, optimizer=, world_size=, zero_stage=,
                 tp_size=, pp_size=, micro_batch=, seq_len=, checkpointing=)`` → ``MemoryEstimate`` (bytes:
-                ``params``, ``grads``, ``optimizer``, ``activations``, ``total``); ``measure_memory(model,
-                optimizer)`` and ``measure_activations(model, *inputs)`` measure the same parts on a rank.
-- comm.py       ``with record_comm(timeline=None) as log:`` records every collective on this thread
-                (op, bytes, group_size, seconds); ``ddp_model.register_comm_hook(log, ddp_recorder)`` for
-                DDP; ``totals(records)``, ``comm_table(records_by_rank)``, ``bus_factor``, ``busbw``.
-- bandwidth.py  ``sweep(op, sizes)`` on every rank → ``BandwidthPoint``s; ``fit_alpha_beta(sizes, seconds)``.
+                ``params``, ``grads``, ``optimizer``, ``buckets``, ``activations``, ``total``);
+                ``measure_memory(model, optimizer)`` and ``measure_activations(model, *inputs)`` measure
+                the same parts on a rank; ``with ActivationTracker(model) as t:`` follows the activations
+                kept for backward over time (``t.live``, ``t.peak``, ``t.samples``), as pipelines need (chapter 06).
+- activations.py the activations term by term, from a transformers config (``Architecture``,
+                ``layer_terms``, ``end_terms``): what each op of GPT-2, Llama or BLOOM keeps.
+- comm.py       ``CommRecord``: one op (op, bytes, group_size, start, end, global rank, group_rank, label),
+                the one record of communication for every strategy; ``with record_comm(timeline=None) as
+                log:`` records every collective on this thread; ``record_ddp(ddp_model, log)`` for
+                PyTorch's DDP; ``on_collective=log`` for the course's strategies (``parlab.parallel``);
+                ``totals(records)``, ``comm_table(records_by_rank)``, ``bus_factor``, ``busbw``.
+- bandwidth.py  ``sweep(op, sizes)`` on every rank → ``BandwidthPoint``s; ``fit_alpha_beta(sizes, seconds)``;
+                ``nccl_transports(log)``: which transports NCCL chose (P2P, SHM, NET).
 - timeline.py   ``tl = Timeline()``; ``with tl.span("backward"):``; return ``tl.events``; in the notebook
                 ``merge(results)``, ``idle_gaps(events)``, then ``parlab.plots.gantt(events)``.
+- peak.py       ``peak_memory(fn, device=)`` → (fn's result, the most bytes it had allocated at once): CUDA's
+                statistics on a GPU, PyTorch's memory profiler on a CPU (ZeRO's steps in chapter 04).
+- steptime.py   ``time_alternating({name: step_fn}, rounds, steps)`` on every rank: step times of several
+                implementations timed in alternating rounds; ``summarize(times, reference)`` → medians and
+                paired throughput ratios (chapter 03's DDP comparison, and every benchmark).
 
 A DDP step, recorded for chapter 03 (runs on each rank inside ``parlab.launch``)::
 
-    tl, log = Timeline(), CommLog()
-    log.timeline = tl                               # bucket all-reduces become "comm" spans
-    ddp.register_comm_hook(log, ddp_recorder)
+    tl = Timeline()
+    log = CommLog(timeline=tl)                      # bucket all-reduces become "comm" spans
+    record_ddp(ddp, log)
     with tl.span("forward"):
         loss = ddp(x).sum()
     with tl.span("backward"):
@@ -26,7 +38,7 @@ A DDP step, recorded for chapter 03 (runs on each rank inside ``parlab.launch``)
     return {"events": tl.events, "records": log.records}
 """
 
-from parlab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, sweep
+from parlab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, nccl_transports, sweep
 from parlab.measure.comm import (
     CommLog,
     CommRecord,
@@ -34,24 +46,30 @@ from parlab.measure.comm import (
     bus_factor,
     busbw,
     comm_table,
-    ddp_recorder,
+    describe_group,
     record_comm,
+    record_ddp,
     totals,
 )
 from parlab.measure.memory import (
     ZERO_PAPER_TABLE1,
+    ActivationTracker,
     MemoryEstimate,
     MemoryMeasurement,
     activation_bytes_per_layer,
     count_params,
+    ddp_buckets,
     estimate_memory,
     measure_activations,
     measure_memory,
 )
+from parlab.measure.peak import peak_memory
+from parlab.measure.steptime import summarize, time_alternating
 from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
 
 __all__ = [
     "ZERO_PAPER_TABLE1",
+    "ActivationTracker",
     "BandwidthPoint",
     "CommLog",
     "CommRecord",
@@ -65,14 +83,20 @@ __all__ = [
     "busbw",
     "comm_table",
     "count_params",
-    "ddp_recorder",
+    "ddp_buckets",
+    "describe_group",
     "estimate_memory",
     "fit_alpha_beta",
     "idle_gaps",
     "measure_activations",
     "measure_memory",
     "merge",
+    "nccl_transports",
+    "peak_memory",
     "record_comm",
+    "record_ddp",
+    "summarize",
     "sweep",
+    "time_alternating",
     "totals",
 ]

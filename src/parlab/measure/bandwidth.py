@@ -10,6 +10,7 @@ ones (Hockney 1994; Thakur, Rabenseifner & Gropp 2005 give the per-algorithm for
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -98,3 +99,13 @@ def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
     a = np.stack([np.ones_like(m), m], axis=1) / t[:, None]  # relative error: weight rows by 1/T
     alpha, beta = np.linalg.lstsq(a, np.ones_like(t), rcond=None)[0]
     return max(float(alpha), 0.0), max(float(beta), 0.0)
+
+
+def nccl_transports(log_text: str) -> set[str]:
+    """The transports NCCL chose for its channels, read from its ``NCCL_DEBUG=INFO`` log: ``"P2P"`` (GPU
+    to GPU directly: NVLink or PCIe peer-to-peer), ``"SHM"`` (through host memory), ``"NET"`` (a network).
+
+    NCCL logs one line per channel and peer, e.g. ``Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read``.
+    Chapter 02 and the GPU tests use it to check that ``NCCL_P2P_DISABLE=1`` really took effect.
+    """
+    return set(re.findall(r"Channel \S+ : .*? via (\w+)", log_text))

@@ -11,23 +11,26 @@ Three ways in, for three kinds of code:
     seen (DDP's C++ reducer and FSDP's background streams are not); with ``wait=True`` (the default) each
     op is waited for, so ``seconds`` is its real duration, at the cost of serialising async ops
     (send/recv are not waited for: their ``seconds`` covers issuing only).
-``ddp_recorder(log)``
-    ``DistributedDataParallel`` launches its bucket all-reduces from C++, below the dispatcher; register
-    this as its comm hook (``ddp.register_comm_hook(log, ddp_recorder)``) to record each bucket.
+``record_ddp(ddp_model, log)``
+    ``DistributedDataParallel`` launches its bucket all-reduces from C++, below the dispatcher; this
+    registers a comm hook that records each bucket.
 ``DDPOverlap(model, on_collective=log)``
-    The course's own DDP (``parlab.parallel.ddp``, chapter 03) reports each collective to a callback;
-    a :class:`CommLog` is one.
+    Every strategy the course builds (``parlab.parallel``, chapters 03–07) issues its collectives through
+    ``parlab.parallel.comm.communicate``, which hands one record per op to an ``on_collective``
+    callback; a :class:`CommLog` is one.
 ``CommLog.add(...)``
     For anything else, record by hand.
 
-A record holds ``op`` (``all_reduce``, ``all_gather`` …), ``bytes`` (the nccl-tests "size": the whole
-buffer; for all-gather the gathered output, for reduce-scatter the input before scattering; for send
-and recv the message), ``group_size``, ``seconds`` and ``start`` (``time.perf_counter()``).
+A :class:`CommRecord` holds ``op`` (``all_reduce``, ``all_gather`` …), ``bytes`` (the nccl-tests "size":
+the whole buffer; for all-gather the gathered output, for reduce-scatter the input before scattering; for
+send and recv the message), ``group_size``, ``start`` and ``end`` (``time.perf_counter()``), the global
+``rank`` and the ``group_rank`` within the op's group, and an optional ``label``.
 
 Bandwidth follows nccl-tests (doc/PERFORMANCE.md): ``algbw = bytes / seconds``, and ``busbw = algbw ×
 factor`` where the factor (``bus_factor``) makes numbers comparable to the hardware's link speed:
 ``2(n−1)/n`` for all-reduce, ``(n−1)/n`` for all-gather, reduce-scatter and all-to-all, 1 for broadcast,
-reduce and send/recv.
+reduce and send/recv. nccl-tests has no scatter or gather; for them the course records the whole buffer
+(all chunks) and uses ``(n−1)/n``, the share of it that crosses the root's link.
 
 Usage on a rank (inside ``parlab.launch``)::
 
@@ -62,17 +65,40 @@ OP_NAMES = {
 BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
                "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "send": lambda n: 1.0,
-               "recv": lambda n: 1.0}
+               "recv": lambda n: 1.0, "scatter": lambda n: (n - 1) / n, "gather": lambda n: (n - 1) / n}
 
 
 @dataclass(frozen=True)
 class CommRecord:
+    """One collective (or point-to-point message) one rank took part in: the course's single record of
+    communication, whoever issued it (``record_comm``, a DDP comm hook, or a strategy in ``parlab.parallel``).
+
+    ``bytes`` follows nccl-tests' "size" (see the module docstring). ``rank`` is the *global* rank that
+    recorded it; ``group_rank`` its rank *within* the group the op ran on, of ``group_size`` ranks (equal
+    to ``rank`` and the world size on the default group). ``label`` says what the op carried, when the
+    issuer knows (a bucket index, a layer name); ``None`` otherwise.
+    """
+
     op: str
     bytes: int
     group_size: int
-    seconds: float
     start: float  # time.perf_counter() when issued
+    end: float  # time.perf_counter() when complete (issued, for send/recv seen by record_comm)
     rank: int = 0
+    group_rank: int = 0
+    label: object = None
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def describe_group(group=None) -> tuple[int, int, int]:
+    """(global rank, rank in ``group``, size of ``group``) for this process; (0, 0, 1) without a
+    process group. ``group=None`` is the default (world) group."""
+    if not dist.is_initialized():
+        return 0, 0, 1
+    return dist.get_rank(), dist.get_rank(group), dist.get_world_size(group)
 
 
 def bus_factor(op: str, group_size: int) -> float:
@@ -97,25 +123,28 @@ def busbw(op: str, nbytes: float, seconds: float, group_size: int) -> float:
 
 
 class CommLog:
-    """The collectives one rank issued, in order. ``records`` is a list of :class:`CommRecord`."""
+    """The collectives one rank took part in, in order: ``records`` is a list of :class:`CommRecord`.
+
+    It is also a callback: a strategy from ``parlab.parallel`` given ``on_collective=log`` hands it each
+    record as the op completes (possibly from another thread; ``list.append`` is atomic in CPython).
+    """
 
     def __init__(self, timeline=None):
         self.records: list[CommRecord] = []
         self.timeline = timeline  # optional parlab.measure.timeline.Timeline: comm spans go there too
 
-    def add(self, op: str, nbytes: int, group_size: int, seconds: float, start: float) -> None:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        self.records.append(CommRecord(op, int(nbytes), group_size, seconds, start, rank))
+    def __call__(self, record: CommRecord) -> None:
+        self.records.append(record)
         if self.timeline is not None:
-            self.timeline.add(op, "comm", start, start + seconds)
+            name = record.op if record.label is None else f"{record.op} {record.label}"
+            self.timeline.add(name, "comm", record.start, record.end)
 
-    def __call__(self, event) -> None:
-        """Take a report from the course's own DDP (``parlab.parallel.ddp``, chapter 03):
-        ``DDPOverlap(model, on_collective=log)``. Any object with ``op``, ``nbytes``, ``start`` and
-        ``end`` (``time.perf_counter()`` readings) will do; it may arrive on another thread, and a
-        ``list.append`` is atomic in CPython, so no lock is needed."""
-        size = getattr(event, "group_size", None) or (dist.get_world_size() if dist.is_initialized() else 1)
-        self.add(event.op, event.nbytes, size, event.end - event.start, event.start)
+    def add(self, op: str, nbytes: int, start: float, end: float, group=None, label=None) -> CommRecord:
+        """Record an op that ran on ``group`` (None: the default group) from ``start`` to ``end``."""
+        rank, group_rank, size = describe_group(group)
+        record = CommRecord(op, int(nbytes), size, start, end, rank, group_rank, label)
+        self(record)
+        return record
 
     def totals(self) -> dict[str, dict]:
         return totals(self.records)
@@ -148,19 +177,20 @@ def _tensor_bytes(x) -> int:
     return 0
 
 
-def _group_size(args) -> int:
+def _group(args):
+    """The process group a c10d op was called with (``None``: the default group)."""
     for a in args:
         if isinstance(a, torch.ScriptObject):
             try:
-                return dist.ProcessGroup.unbox(a).size()
+                return dist.ProcessGroup.unbox(a)
             except Exception:  # not a process group (a ReduceOp, a Work)
                 continue
         if isinstance(a, str) and dist.is_initialized():  # functional collectives name their group
             try:
-                return dist.get_world_size(dist.distributed_c10d._resolve_process_group(a))
+                return dist.distributed_c10d._resolve_process_group(a)
             except Exception:
                 continue
-    return dist.get_world_size() if dist.is_initialized() else 1
+    return None
 
 
 def _wait(out) -> None:
@@ -200,12 +230,13 @@ class record_comm(TorchDispatchMode):
             _wait(out)
             if any(isinstance(t, torch.Tensor) and t.is_cuda for t in _flat(args)):
                 torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
+        group = _group(args)
         # The nccl-tests "size" is the larger side: gathered output, or input before the scatter.
         nbytes = max((_tensor_bytes(a) for a in args), default=0)
         if OP_NAMES[name] == "all_gather" and namespace == "_c10d_functional":
-            nbytes *= _group_size(args)  # functional all-gather gets only the local shard
-        self.log.add(OP_NAMES[name], nbytes, _group_size(args), seconds, start)
+            nbytes *= describe_group(group)[2]  # functional all-gather gets only the local shard
+        self.log.add(OP_NAMES[name], nbytes, start, end, group)
         return out
 
 
@@ -217,18 +248,26 @@ def _flat(args):
             yield a
 
 
-def ddp_recorder(log: CommLog, bucket):
-    """A DDP comm hook that all-reduces (averages) each gradient bucket, as DDP's default does, and
-    records it in ``log``: ``ddp_model.register_comm_hook(log, ddp_recorder)``."""
+def record_ddp(ddp_model, log: CommLog) -> None:
+    """Record every gradient bucket a ``DistributedDataParallel`` model all-reduces into ``log``.
+
+    DDP launches its bucket all-reduces from C++, below the dispatcher that :class:`record_comm` watches,
+    so this registers a comm hook that does what DDP's default does (average each bucket over the
+    model's process group) and records it. Call it once, before the first backward.
+    """
+    ddp_model.register_comm_hook((log, ddp_model.process_group), _ddp_hook)
+
+
+def _ddp_hook(state, bucket):
+    log, group = state
     buffer = bucket.buffer()  # the bucket's gradients, flattened: (bucket_numel,)
-    group_size = dist.get_world_size()
     start = time.perf_counter()
-    buffer.div_(group_size)
-    fut = dist.all_reduce(buffer, async_op=True).get_future()
+    buffer.div_(dist.get_world_size(group))
+    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
 
     def done(f):
-        log.add("all_reduce", buffer.numel() * buffer.element_size(), group_size,
-                time.perf_counter() - start, start)
+        log.add("all_reduce", buffer.numel() * buffer.element_size(), start, time.perf_counter(), group,
+                label=bucket.index())
         return f.value()[0]
 
     return fut.then(done)

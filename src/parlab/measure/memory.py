@@ -1,25 +1,40 @@
 """Where the memory of training goes: an estimator, and a measurement to hold it to (chapter 01; ZeRO in 04).
 
-Per rank, training holds four kinds of bytes:
+Per rank, training holds these kinds of bytes:
 
-- **params**     the weights (plus, in mixed precision, nothing else here: the fp32 master copy is counted
-                 with the optimizer, as the ZeRO paper does);
-- **grads**      one gradient per trainable weight, in the training dtype;
+- **params**     the weights, in the dtype the model computes with;
+- **grads**      one gradient per trainable weight;
 - **optimizer**  the optimizer's state: SGD none, momentum one buffer, Adam/AdamW two (``exp_avg``,
-                 ``exp_avg_sq``); in mixed precision also the fp32 master weights;
+                 ``exp_avg_sq``), kept in fp32; in mixed precision also the fp32 master weights;
+- **buckets**    PyTorch DDP's gradient buckets: a second, persistent gradient-sized buffer unless
+                 ``gradient_as_bucket_view=True`` (``torch/nn/parallel/distributed.py``);
 - **activations** what the forward pass saves for the backward pass.
 
-Per parameter this gives the ZeRO paper's ``2Ψ + 2Ψ + KΨ`` with ``K = 12`` for mixed-precision Adam
-(Rajbhandari et al. 2020, §3.1), and ``4 + 4 + 8 = 16`` bytes for fp32 Adam. ZeRO stage 1 shards the
-optimizer state over the ``dp_size`` data-parallel ranks, stage 2 also the gradients, stage 3 also the
-weights (ibid. §5, Figure 1). Tensor and pipeline parallelism split the weights ``tp_size × pp_size``
-ways. Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-Models", §4): per transformer layer ``s·b·h·(34 + 5·a·s/h)`` bytes in 16-bit training with dropout,
-which we write per element so that it holds for any dtype (see :func:`activation_bytes_per_layer`).
+Which dtypes hold what is an *accounting*, and there are several (bytes per parameter, Adam):
+
+==============================================  =====  =====  =================  =====
+accounting                                      param  grad   optimizer          total
+==============================================  =====  =====  =================  =====
+fp32                                            4      4      8                  16
+mixed precision, ZeRO paper §3.1 (fp16 grads)   2      2      K = 4 + 8 = 12     16
+mixed precision, fp32 gradients (Megatron-LM's  2      4      12                 18
+bf16 default, ``fp32_grads=True``)
+``torch.autocast`` (fp32 weights and grads)     4      4      8                  16 (+ a 16-bit copy of
+                                                                                 the weights per step)
+==============================================  =====  =====  =================  =====
+
+(Rajbhandari et al. 2020, §3.1; Megatron-LM ``docs/source/api-guide/dist_optimizer.md``, "float16 param,
+fp32 grads: 18"; autocast casts weights on the fly and caches the casts for the step.) ZeRO stage 1
+shards the optimizer state over the ``dp_size`` data-parallel ranks, stage 2 also the gradients, stage 3
+also the weights (ibid. §5, Figure 1). Tensor and pipeline parallelism split the weights ``tp_size ×
+pp_size`` ways. Activations are counted term by term from the model's architecture
+(:mod:`parlab.measure.activations`); for Korthikanti et al.'s GPT layer with dropout that is
+``s·b·h·(34 + 5·a·s/h)`` bytes in 16-bit training (see :func:`activation_bytes_per_layer`).
 
 :func:`estimate_memory` predicts; :func:`measure_memory` walks the tensors a rank really holds, counting
-each storage once; :func:`measure_activations` counts the bytes autograd saves for backward. Chapter 01
-shows the two side by side; tests hold them within 5%.
+each storage once; :func:`measure_activations` counts the bytes autograd saves for backward;
+:func:`parlab.measure.peak.peak_memory` the most bytes PyTorch had allocated at once during a call.
+Chapter 01 shows them side by side; tests hold them within 5%.
 """
 
 from __future__ import annotations
@@ -30,6 +45,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from parlab.measure.activations import (
+    ATTENTIONS,
+    DEVICES,
+    Architecture,
+    end_terms,
+    layer_terms,
+    left_out,
+    meta_model,
+)
+from parlab.parallel.topology import Topology
+
 #: Bytes of optimizer state per parameter, for a optimizer kept in fp32 (the master weights are extra).
 OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8, "adamw": 8}
 #: ``fp32``: everything in fp32. ``bf16``/``fp16``: 16-bit weights and grads with fp32 master weights.
@@ -39,12 +65,13 @@ GB = 1e9  # the ZeRO paper's GB, and nvidia-smi's, are 10^9 bytes
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per rank. ``total`` is the sum; ``model_states`` leaves out activations (ZeRO's term)."""
+    """Bytes per rank. ``total`` is the sum; ``model_states`` leaves out activations and buckets (ZeRO's term)."""
 
     params: int
     grads: int
     optimizer: int
     activations: int = 0
+    buckets: int = 0
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -53,11 +80,11 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.model_states + self.activations
+        return self.model_states + self.buckets + self.activations
 
     def as_dict(self) -> dict[str, int]:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "total": self.total}
+                "buckets": self.buckets, "activations": self.activations, "total": self.total}
 
     def __str__(self) -> str:
         parts = ", ".join(f"{k} {v / GB:.3g} GB" for k, v in self.as_dict().items())
@@ -69,9 +96,14 @@ def _check_choice(name, value, allowed):
         raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}")
 
 
-def _check_positive(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
+def _param_count(num_params) -> int:
+    """Ψ as an int: ``7_500_000_000`` and ``7.5e9`` alike (a float must be a whole number)."""
+    if isinstance(num_params, float) and num_params.is_integer():
+        num_params = int(num_params)
+    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 1:
+        raise ValueError(f"num_params={num_params!r} must be a positive whole number (Ψ, the parameter "
+                         f"count), e.g. 7_500_000_000 or 7.5e9")
+    return num_params
 
 
 def count_params(model) -> int:
@@ -80,22 +112,20 @@ def count_params(model) -> int:
 
     A config is built on the meta device, so no weights are allocated and nothing is downloaded; tied
     weights (GPT-2's embedding and output layer) count once, as ``Module.parameters()`` yields them once.
+    It is rebuilt from its JSON (so building writes nothing into the caller's config) and the count is
+    remembered per config.
     """
     if isinstance(model, nn.Module):
         return sum(p.numel() for p in model.parameters())
     if hasattr(model, "to_dict") and hasattr(model, "model_type"):  # a transformers PretrainedConfig
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            built = AutoModelForCausalLM.from_config(model)
-        return count_params(built)
+        return count_params(meta_model(model.to_json_string()))
     raise TypeError(f"model={type(model).__name__} must be an nn.Module or a transformers config "
                     f"(e.g. GPT2Config(...)); for a bare count pass num_params=")
 
 
 def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, bytes_per_value=2, dropout=True,
                                tp_size=1, sequence_parallel=False, checkpointing=False) -> int:
-    """Bytes one transformer layer saves for backward (Korthikanti et al. 2022, §4.1, eq. 1–3).
+    """Korthikanti et al. 2022's count for one GPT layer (§4.1, eq. 1–3, 5), written per value.
 
     The paper counts, per layer, 16 ``s·b·h``-sized values kept in the training dtype (inputs of the QKV
     and output projections, Q, K, V, the MLP's input, GeLU input and output (4h wide each), two
@@ -103,7 +133,9 @@ def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, bytes_per_va
     1-byte dropout masks of size ``2·s·b·h + a·s²·b``. With 2-byte values that is ``sbh(34 + 5as/h)``.
     Tensor parallelism divides everything but the LayerNorm/dropout part by ``tp_size`` (eq. 2); sequence
     parallelism divides that too (eq. 3). Full activation checkpointing keeps only each layer's input
-    (``s·b·h`` values, eq. 5 before the 1/t of sequence parallelism).
+    (``s·b·h`` values, eq. 5 before the 1/t of sequence parallelism). :func:`estimate_memory` counts the
+    same terms from a model's own architecture (:mod:`parlab.measure.activations`), which for this layer
+    adds only LayerNorm's per-token statistics.
     """
     s, b, h, a, d, t = seq_len, micro_batch, hidden, heads, bytes_per_value, tp_size
     if checkpointing:
@@ -118,96 +150,179 @@ def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, bytes_per_va
     return split // t + replicated // (t if sequence_parallel else 1)
 
 
-def estimate_memory(model=None, *, num_params: int | None = None, precision: str = "fp32",
+def architecture(model=None, *, hidden=None, layers=None, heads=None, vocab=None, attention=None,
+                 dropout=None) -> Architecture:
+    """The :class:`~parlab.measure.activations.Architecture` :func:`estimate_memory` counts activations
+    for: read from a transformers config (or a model's ``.config``); else Korthikanti et al.'s GPT layer
+    of the given ``hidden``, ``layers``, ``heads`` (and dropout unless ``dropout=False``)."""
+    config = getattr(model, "config", None) if isinstance(model, nn.Module) else model
+    if config is not None and hasattr(config, "model_type"):
+        arch = Architecture.from_config(config, attention=attention, dropout=dropout)
+        if dropout is True and not (arch.attn_dropout or arch.resid_dropout):
+            raise ValueError("dropout=True, but the config sets its dropout probabilities to 0: change the "
+                             "config (dropout=None follows it, dropout=False turns it off)")
+        overrides = {k: v for k, v in (("hidden", hidden), ("layers", layers), ("heads", heads),
+                                        ("vocab", vocab)) if v}
+        act = _activation_module(model, arch.family) if isinstance(model, nn.Module) else None
+        if act is not None:  # the model's own activation is probed, whatever its config says
+            overrides["activation_fn"] = act
+            if type(act).__name__ != _activation_class(arch.activation):
+                overrides["activation"] = type(act).__name__
+        if overrides:
+            from dataclasses import replace
+
+            arch = replace(arch, **overrides)
+        return arch
+    missing = [n for n, v in (("hidden", hidden), ("layers", layers), ("heads", heads)) if not v]
+    if missing:
+        raise ValueError(f"activations need {', '.join(missing)}= (or a transformers config that has them)")
+    return Architecture.gpt(hidden, layers, heads, vocab, dropout is not False, attention or "eager")
+
+
+#: where each family keeps its MLP's activation module (transformers' modeling code)
+_ACTIVATION_PATHS = {"gpt2": "transformer.h.0.mlp.act", "llama": "model.layers.0.mlp.act_fn",
+                     "bloom": "transformer.h.0.mlp.gelu_impl"}
+
+
+def _activation_class(name: str) -> str | None:
+    """The class name transformers builds for an activation name (BLOOM's own GeLU for "bloom")."""
+    if name == "bloom":
+        return "BloomGelu"
+    from transformers.activations import ACT2FN
+
+    return type(ACT2FN[name]).__name__ if name in ACT2FN else None
+
+
+def _activation_module(model: nn.Module, family: str):
+    """The first layer's MLP activation of a built transformers model, or None where it is not found."""
+    path = _ACTIVATION_PATHS.get(family)
+    try:
+        return model.get_submodule(path) if path else None
+    except AttributeError:
+        return None
+
+
+def estimate_memory(model=None, *, num_params: int | float | None = None, precision: str = "fp32",
                     optimizer: str = "adam", world_size: int = 1, zero_stage: int = 0, tp_size: int = 1,
                     pp_size: int = 1, micro_batch: int = 0, seq_len: int | None = None,
                     hidden: int | None = None, layers: int | None = None, heads: int | None = None,
-                    checkpointing: bool = False, dropout: bool = True,
-                    sequence_parallel: bool = False, vocab: int | None = None) -> MemoryEstimate:
+                    checkpointing: bool = False, dropout: bool | None = None,
+                    sequence_parallel: bool = False, vocab: int | None = None, attention: str | None = None,
+                    device: str | None = None, fp32_grads: bool = False,
+                    gradient_buckets: bool = False) -> MemoryEstimate:
     """Predict training memory per rank.
 
-    model: an ``nn.Module`` or a transformers config; or give ``num_params=`` (Ψ) instead.
-    precision: ``"fp32"``, or ``"bf16"``/``"fp16"`` for mixed precision with fp32 master weights.
+    model: an ``nn.Module`` or a transformers config; or give ``num_params=`` (Ψ; an int, or a whole
+    float such as ``7.5e9``) instead.
+    precision: ``"fp32"``, or ``"bf16"``/``"fp16"`` for mixed precision with fp32 master weights (the ZeRO
+    paper's accounting: 16-bit gradients). fp32_grads: mixed precision whose gradients are fp32
+    (Megatron-LM's bf16 default): 18 bytes per parameter with Adam instead of 16.
     optimizer: ``"sgd"``, ``"momentum"``, ``"adam"`` or ``"adamw"``.
     world_size: ranks in all; ``dp_size = world_size / (tp_size · pp_size)``.
     zero_stage: 0 (plain data parallel), 1 (shard optimizer), 2 (+ grads), 3 (+ weights).
-    micro_batch, seq_len, hidden, layers, heads: activations (0 micro-batch: model states only). With a
-    transformers config, ``hidden``, ``layers``, ``heads``, ``seq_len`` and ``vocab`` default to the config's.
-    vocab: adds the model's ends (Korthikanti et al. 2022, §4.3): the final LayerNorm's and output layer's
-    inputs, and the fp32 logits the loss keeps, ``4·s·b·vocab`` bytes.
+    gradient_buckets: add PyTorch DDP's gradient buckets (a second copy of the gradients, its default
+    ``gradient_as_bucket_view=False``); only with zero_stage 0 or 1, where DDP is what runs.
+    micro_batch, seq_len: activations (0 micro-batch: model states only). The architecture comes from a
+    transformers config (GPT-2, Llama/Mistral/Qwen2, BLOOM: :class:`~parlab.measure.activations.
+    Architecture`), whose sizes ``hidden``, ``layers``, ``heads``, ``vocab`` and ``seq_len`` are defaults;
+    without one, ``hidden``, ``layers``, ``heads`` give Korthikanti et al.'s GPT layer.
+    dropout: ``None`` follows the config (Korthikanti's layer: with dropout); ``False`` none.
+    attention: ``"eager"`` (the ``s × s`` scores are kept) or ``"sdpa"`` (fused kernels recompute them);
+    ``None``: what transformers picks for the config. device: ``"cuda"`` (1-byte dropout masks; the
+    default for a config) or ``"cpu"`` (masks in the value dtype); a model's own device by default.
+    checkpointing: full activation checkpointing: each layer's input is kept, and one layer's activations
+    are recomputed during its backward (the peak).
+    vocab: adds the model's ends (Korthikanti et al. 2022, §4.3): final norm, output layer and the fp32
+    log-probabilities the loss keeps, ``4·s·b·vocab`` bytes.
 
-    >>> estimate_memory(num_params=7_500_000_000, precision="bf16", world_size=64, zero_stage=1).total / 1e9
+    >>> estimate_memory(num_params=7.5e9, precision="bf16", world_size=64, zero_stage=1).total / 1e9
     31.40625
     """
     _check_choice("precision", precision, PRECISIONS)
     _check_choice("optimizer", optimizer, tuple(OPTIMIZER_STATE_BYTES))
     _check_choice("zero_stage", zero_stage, (0, 1, 2, 3))
-    for name, value in (("world_size", world_size), ("tp_size", tp_size), ("pp_size", pp_size)):
-        _check_positive(name, value)
-    if world_size % (tp_size * pp_size):
-        raise ValueError(f"world_size={world_size} must be a multiple of tp_size × pp_size = "
-                         f"{tp_size} × {pp_size}; the data-parallel degree is what remains")
+    if attention is not None:
+        _check_choice("attention", attention, ATTENTIONS)
+    if device is not None:
+        _check_choice("device", device, DEVICES)
+    dp_size = Topology.infer(world_size, tp=tp_size, pp=pp_size).dp
     if (model is None) == (num_params is None):
         raise ValueError("give exactly one of model= (an nn.Module or transformers config) and num_params=")
-    # a transformers model carries its config: activations then need no extra arguments
-    config = getattr(model, "config", None) if isinstance(model, nn.Module) else model
-    if num_params is None:
-        num_params = count_params(model)
-    elif not isinstance(num_params, int) or num_params < 1:
-        raise ValueError(f"num_params={num_params!r} must be a positive integer (Ψ, the parameter count)")
+    if fp32_grads and precision == "fp32":
+        raise ValueError("fp32_grads=True describes mixed precision (precision='bf16' or 'fp16'); in fp32 "
+                         "the gradients are fp32 already")
+    if gradient_buckets and zero_stage > 1:
+        raise ValueError(f"gradient_buckets=True is DDP's; with zero_stage={zero_stage} the gradients are "
+                         f"sharded (FSDP / ZeRO-2), not bucketed by DDP: use zero_stage 0 or 1")
+    num_params = count_params(model) if num_params is None else _param_count(num_params)
 
-    dp_size = world_size // (tp_size * pp_size)
     psi = num_params / (tp_size * pp_size)  # weights one model-parallel rank holds (even split assumed)
     value = 4 if precision == "fp32" else 2
+    grad_value = 4 if fp32_grads else value
     state = OPTIMIZER_STATE_BYTES[optimizer] + (0 if precision == "fp32" else 4)  # K; + fp32 master
     shard = {name: (dp_size if zero_stage >= stage else 1)
              for name, stage in (("optimizer", 1), ("grads", 2), ("params", 3))}
     params = math.ceil(value * psi / shard["params"])
-    grads = math.ceil(value * psi / shard["grads"])
+    grads = math.ceil(grad_value * psi / shard["grads"])
     opt = math.ceil(state * psi / shard["optimizer"])
+    buckets = math.ceil(grad_value * psi) if gradient_buckets else 0
 
     notes = []
     activations = 0
     if micro_batch:
-        hidden = hidden or getattr(config, "hidden_size", None)
-        layers = layers or getattr(config, "num_hidden_layers", None)
-        heads = heads or getattr(config, "num_attention_heads", None)
-        seq_len = seq_len or getattr(config, "max_position_embeddings", None)
-        missing = [n for n, v in (("hidden", hidden), ("layers", layers), ("heads", heads),
-                                  ("seq_len", seq_len)) if not v]
-        if missing:
-            raise ValueError(f"micro_batch={micro_batch} asks for activations, which need "
-                             f"{', '.join(missing)}= (or a transformers config that has them)")
-        per_layer = activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, value, dropout, tp_size,
-                                               sequence_parallel, checkpointing)
-        # With 1F1B the first pipeline stage keeps pp_size micro-batches of layers/pp_size layers:
-        # the activations of all layers, whatever pp_size is (Korthikanti et al. 2022, §4.2.3).
-        activations = per_layer * layers
-        vocab = vocab or getattr(config, "vocab_size", None)
-        if vocab:
-            ends = 2 * seq_len * micro_batch * hidden * value + 4 * seq_len * micro_batch * vocab
-            activations += ends // tp_size
-            notes.append("activations: layers + final LayerNorm, output layer and fp32 logits (§4.3)")
+        positive = isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch > 0
+        if not positive:
+            raise ValueError(f"micro_batch={micro_batch!r} must be a positive int (or 0: no activations)")
+        arch = architecture(model, hidden=hidden, layers=layers, heads=heads, vocab=vocab, attention=attention,
+                            dropout=dropout)
+        config = getattr(model, "config", None) if isinstance(model, nn.Module) else model
+        seq_len = seq_len or getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        if not seq_len:
+            raise ValueError(f"micro_batch={micro_batch} asks for activations, which need seq_len= (or a "
+                             f"transformers config that has max_position_embeddings)")
+        if device is None:
+            device = "cpu" if isinstance(model, nn.Module) and next(model.parameters()).device.type == "cpu" \
+                else "cuda"
+        layer = layer_terms(arch, seq_len, micro_batch, value, device)
+        per_layer = sum(term.per_rank(tp_size, sequence_parallel) for term in layer)
+        if checkpointing:
+            # kept: each layer's input (replicated over tp ranks unless sequence parallel); during one
+            # layer's backward its activations are recomputed and live until its backward ends
+            kept = seq_len * micro_batch * arch.hidden * value / (tp_size if sequence_parallel else 1)
+            layers_bytes = kept * arch.layers + per_layer
+            notes.append("checkpointing: every layer's input, plus one layer recomputed during its backward")
         else:
-            notes.append("activations: transformer layers only (no logits or loss)")
-    return MemoryEstimate(params, grads, opt, activations, tuple(notes))
+            # With 1F1B the first pipeline stage keeps pp_size micro-batches of layers/pp_size layers:
+            # the activations of all layers, whatever pp_size is (Korthikanti et al. 2022, §4.2.3).
+            layers_bytes = per_layer * arch.layers
+        # the model's ends need its vocabulary (Korthikanti's layer alone has none unless vocab= is given)
+        ends = end_terms(arch, seq_len, micro_batch, value, device) if arch.vocab else []
+        activations = math.ceil(layers_bytes + sum(t.per_rank(tp_size, sequence_parallel) for t in ends))
+        notes.append(f"activations: {arch.layers} {arch.family} layers ({arch.attention} attention, {device} "
+                     f"dropout masks)" + (", embedding side, final norm, output layer and fp32 "
+                                          "log-probabilities of the loss" if ends else " only (no vocab: no ends)"))
+        notes += left_out(arch)
+    return MemoryEstimate(params, grads, opt, activations, buckets, tuple(notes))
 
 
 @dataclass(frozen=True)
 class MemoryMeasurement:
-    """Bytes a rank really holds, each storage counted once. ``peak_allocated``: CUDA only, else None."""
+    """Bytes a rank really holds, each storage counted once. ``peak_allocated``: CUDA only, else None.
+    ``buckets``: a DDP model's gradient buckets when they are not the gradients themselves."""
 
     params: int
     grads: int
     optimizer: int
     peak_allocated: int | None = None
+    buckets: int = 0
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer
+        return self.params + self.grads + self.optimizer + self.buckets
 
     def as_dict(self) -> dict[str, int]:
-        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "total": self.total}
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
+                "buckets": self.buckets, "total": self.total}
 
 
 def _storage_bytes(tensors, seen: set) -> int:
@@ -231,11 +346,27 @@ def _optimizer_tensors(optimizer):
         yield from (v for v in state.values() if isinstance(v, torch.Tensor))
 
 
+def ddp_buckets(ddp_model) -> list[tuple[list[str], int]]:
+    """(parameter names, bytes) of each gradient bucket of a ``DistributedDataParallel`` model, in the
+    order its reducer launches them (chapter 03).
+
+    Read from the reducer itself (``_get_zeros_like_grad_buckets``, which allocates zero-filled copies of
+    the buckets for the moment of the call): the layout DDP uses now. PyTorch builds one layout at
+    construction and rebuilds it once, at the second forward, in the order gradients became ready.
+    """
+    names = {id(p): n for n, p in ddp_model.module.named_parameters()}
+    return [([names[id(p)] for p in bucket.parameters()], bucket.buffer().numel() * bucket.buffer().element_size())
+            for bucket in ddp_model.reducer._get_zeros_like_grad_buckets()]
+
+
 def measure_memory(model: nn.Module, optimizer=None) -> MemoryMeasurement:
     """Walk the weights, gradients and optimizer state this rank holds and add up their storages.
 
     Call it after a training step (before ``zero_grad``), when gradients and optimizer state exist.
-    Scalar ``step`` counters of Adam are counted: they are real, if tiny.
+    Scalar ``step`` counters of Adam are counted: they are real, if tiny. For a
+    ``DistributedDataParallel`` model its gradient buckets are counted too: as ``buckets`` when they are a
+    separate copy (DDP's default), within ``grads`` when ``gradient_as_bucket_view=True`` makes every
+    ``.grad`` a view of its bucket.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model={type(model).__name__} must be an nn.Module")
@@ -243,10 +374,13 @@ def measure_memory(model: nn.Module, optimizer=None) -> MemoryMeasurement:
     params = _storage_bytes(model.parameters(), seen)
     grads = _storage_bytes((p.grad for p in model.parameters() if p.grad is not None), seen)
     opt = _storage_bytes(_optimizer_tensors(optimizer), seen) if optimizer is not None else 0
+    buckets = 0
+    if isinstance(model, nn.parallel.DistributedDataParallel) and not model.gradient_as_bucket_view:
+        buckets = sum(nbytes for _, nbytes in ddp_buckets(model))
     peak = None
     if torch.cuda.is_available() and any(p.is_cuda for p in model.parameters()):
         peak = torch.cuda.max_memory_allocated()
-    return MemoryMeasurement(params, grads, opt, peak)
+    return MemoryMeasurement(params, grads, opt, peak, buckets)
 
 
 def measure_activations(model: nn.Module, *inputs, **kwargs) -> int:
@@ -287,3 +421,75 @@ ZERO_PAPER_TABLE1 = {
     (1e12, 16): (16000, 4750, 2875, 1000), (1e12, 64): (16000, 4187, 2218, 250),
     (1e12, 256): (16000, 4046, 2054, 62.5), (1e12, 1024): (16000, 4011, 2013, 15.6),
 }
+
+
+class ActivationTracker:
+    """Bytes autograd holds for backward *right now*, and the most it held: for schedules that keep several
+    micro-batches' activations at once (pipelines, chapter 06).
+
+    Inside ``with tracker:`` every tensor an op saves for backward is counted (each storage once, weights
+    in ``exclude`` never) and wrapped in a small holder; when autograd lets go of it (after the backward
+    that used it) the holder is freed and its bytes leave the count. So ``live`` and ``peak`` follow what
+    is really kept, and ``samples`` holds ``(time.perf_counter(), live bytes)`` at every change, for a plot.
+    The context may be entered and left many times (around each forward, say); what was saved stays
+    counted until released.
+    """
+
+    def __init__(self, exclude=()):
+        params = exclude.parameters() if isinstance(exclude, nn.Module) else exclude
+        self._weights = {p.untyped_storage().data_ptr() for p in params}
+        self._held: dict[int, list[int]] = {}  # storage address -> [holders, bytes]
+        self.live = 0
+        self.peak = 0
+        self.samples: list[tuple[float, int]] = []
+        self._hooks = None
+
+    def __enter__(self):
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack_held)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+
+    def _pack(self, t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in self._weights or storage.nbytes() == 0:
+            return t
+        entry = self._held.setdefault(key, [0, storage.nbytes()])
+        if entry[0] == 0:
+            self._change(entry[1])
+        entry[0] += 1
+        return _Held(self, key, t)
+
+    def _release(self, key: int) -> None:
+        entry = self._held[key]
+        entry[0] -= 1
+        if entry[0] == 0:  # the last holder of this storage is gone: autograd no longer keeps it
+            del self._held[key]
+            self._change(-entry[1])
+
+    def _change(self, nbytes: int) -> None:
+        import time
+
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        self.samples.append((time.perf_counter(), self.live))
+
+
+class _Held:
+    """One saved tensor as autograd keeps it; tells its tracker when autograd drops it."""
+
+    __slots__ = ("tracker", "key", "tensor")
+
+    def __init__(self, tracker, key, tensor):
+        self.tracker, self.key, self.tensor = tracker, key, tensor
+
+    def __del__(self):
+        self.tracker._release(self.key)
+
+
+def _unpack_held(held):
+    return held.tensor if isinstance(held, _Held) else held

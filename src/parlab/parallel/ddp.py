@@ -26,43 +26,44 @@ The three share one usage, so chapter 03 can swap them and compare with PyTorch'
     model.sync_gradients()                        # every .grad is now the average over ranks
     optimizer.step(); optimizer.zero_grad()
 
-Observing communication: every collective goes through one method, ``_communicate``. Pass
-``on_collective=callback`` and the callback receives one :class:`CommEvent` per collective (operation,
-bucket index, bytes, start and end times from ``time.perf_counter()``, rank). For an asynchronous
-collective the end time is taken when its future completes (exact with gloo on CPU; with NCCL the host
-learns of completion only approximately, so time GPU work with CUDA events), and ``sync_gradients``
-returns only after every callback has run. The callback may run on another
-thread, so it should only record (e.g. ``events.append``). ``parlab.measure`` builds on this hook.
+Where it runs: on ``process_group`` (default: every rank). Chapter 07 passes the ``dp`` group of a mesh
+(``Topology.group("dp")``); parameters that tensor parallelism has turned into DTensors are handled by
+their local shards, so the same code averages each shard over its data-parallel replicas.
+
+Observing communication: every collective goes through ``parlab.parallel.comm.communicate``, the door all
+the course's strategies share. Pass ``on_collective=callback`` (e.g. a ``parlab.measure.CommLog``) and the
+callback receives one ``CommRecord`` per collective (op, bytes, group size, global and in-group rank, start
+and end times, and the bucket index as ``label``); ``sync_gradients`` returns only after every callback
+has run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb=25
+from parlab.checks import positive_int
+from parlab.parallel.comm import OnCollective, check_callback, communicate
+
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb=25 (MiB)
 
 
-@dataclass(frozen=True)
-class CommEvent:
-    """One collective issued by a DDP wrapper, as reported to ``on_collective``."""
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """What this rank stores of ``t``: a DTensor's local shard (tensor parallelism), else ``t`` itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
-    op: str  # "broadcast" (initial parameters) or "all_reduce" (gradients)
-    bucket: int | None  # bucket index (v1: parameter index); None for the initial broadcast
-    nbytes: int  # size of the tensor communicated, on this rank
-    start: float  # time.perf_counter() when issued
-    end: float  # time.perf_counter() when complete
-    rank: int
 
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
+def _set_grad(p: nn.Parameter, value: torch.Tensor) -> None:
+    """Give ``p`` the gradient ``value`` (this rank's part of it); a DTensor parameter gets a DTensor."""
+    if hasattr(p, "to_local"):
+        from torch.distributed.tensor import DTensor
+
+        value = DTensor.from_local(value, p.device_mesh, p.placements, run_check=False)
+    p.grad = value
 
 
 class DDPNaive(nn.Module):
@@ -73,13 +74,11 @@ class DDPNaive(nn.Module):
     Li et al. 2020, section 3.2, "a naive solution".
     """
 
-    def __init__(self, module: nn.Module, process_group=None,
-                 on_collective: Callable[[CommEvent], None] | None = None):
+    def __init__(self, module: nn.Module, process_group=None, on_collective: OnCollective | None = None):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module; got {type(module).__name__}")
-        if on_collective is not None and not callable(on_collective):
-            raise TypeError(f"on_collective must be a callable taking a CommEvent, or None; got {on_collective!r}")
+        check_callback(on_collective)
         if not dist.is_initialized():
             raise RuntimeError("DDP needs an initialised process group: run inside parlab.launch (or torchrun "
                                "after dist.init_process_group), or pass process_group=...")
@@ -92,47 +91,29 @@ class DDPNaive(nn.Module):
         self._params = [p for p in module.parameters() if p.requires_grad]
         # Same starting point everywhere: rank 0's values overwrite the others' (buffers too, e.g.
         # running statistics). Without this each rank would train its own, differently initialised model.
-        source = dist.get_global_rank(self.process_group, 0)
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
-                self._communicate("broadcast", t, None, src=source)
+                self._communicate("broadcast", _local(t), None, src=0)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    def _communicate(self, op: str, tensor: torch.Tensor, bucket: int | None, *, src: int = 0,
+    def _communicate(self, op: str, tensor: torch.Tensor, label, *, src: int | None = None,
                      async_op: bool = False):
-        """Issue one collective on ``tensor`` in place; the single place a measurement layer watches.
+        """Every collective of this wrapper, on its group, reported to ``on_collective`` with ``label``
+        (the bucket index; v1: the parameter index; ``None`` for the initial broadcast)."""
+        return communicate(op, tensor, self.process_group, src=src, async_op=async_op,
+                           on_collective=self.on_collective, label=label)
 
-        Returns ``None`` when synchronous, else an object whose ``wait()`` returns once the collective
-        and its ``on_collective`` report are done.
-        """
-        start = time.perf_counter()
-        if op == "all_reduce":
-            work = dist.all_reduce(tensor, group=self.process_group, async_op=async_op)
-        elif op == "broadcast":
-            work = dist.broadcast(tensor, src=src, group=self.process_group, async_op=async_op)
-        else:
-            raise ValueError(f"op must be 'all_reduce' or 'broadcast'; got {op!r}")
-        if self.on_collective is None:
-            return work
-        nbytes = tensor.numel() * tensor.element_size()
-
-        def report(_=None):
-            self.on_collective(CommEvent(op, bucket, nbytes, start, time.perf_counter(), self.rank))
-
-        if not async_op:
-            report()
-            return None
-        return work.get_future().then(report)  # runs when the collective completes
-
+    @torch.no_grad()
     def sync_gradients(self) -> None:
         """Replace every gradient by its average over the ranks: Ψ numbers all-reduced per step."""
         for i, p in enumerate(self._params):
             if p.grad is None:  # unused this step: contribute zeros so every rank issues the same calls
-                p.grad = torch.zeros_like(p)
-            self._communicate("all_reduce", p.grad, i)  # sum over ranks, in place
-            p.grad.div_(self.world_size)  # the sum of shard-mean gradients / n = the global mean
+                _set_grad(p, torch.zeros_like(_local(p)))
+            grad = _local(p.grad)
+            self._communicate("all_reduce", grad, i)  # sum over ranks, in place
+            grad.div_(self.world_size)  # the sum of shard-mean gradients / n = the global mean
 
 
 @dataclass(eq=False)
@@ -161,10 +142,9 @@ class DDPBuckets(DDPNaive):
     """
 
     def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, process_group=None,
-                 on_collective: Callable[[CommEvent], None] | None = None):
-        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be a positive int (bytes per bucket, e.g. "
-                             f"{DEFAULT_BUCKET_BYTES} as in PyTorch's DDP); got {bucket_bytes!r}")
+                 on_collective: OnCollective | None = None):
+        positive_int("bucket_bytes", bucket_bytes, f"bytes per bucket, e.g. {DEFAULT_BUCKET_BYTES} as in "
+                     f"PyTorch's DDP")
         super().__init__(module, process_group, on_collective)
         self.bucket_bytes = bucket_bytes
         names = {id(p): n for n, p in module.named_parameters()}
@@ -177,7 +157,7 @@ class DDPBuckets(DDPNaive):
                 self._add_bucket(group, names)
                 group, size = [], 0
             group.append(p)
-            size += p.numel() * p.element_size()
+            size += _local(p).numel() * p.element_size()
             if size >= bucket_bytes:  # full: close it (PyTorch's DDP uses the same rule)
                 self._add_bucket(group, names)
                 group, size = [], 0
@@ -185,11 +165,12 @@ class DDPBuckets(DDPNaive):
             self._add_bucket(group, names)
 
     def _add_bucket(self, params: list, names: dict) -> None:
-        buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        local = [_local(p) for p in params]  # a DTensor parameter contributes its local shard
+        buffer = torch.zeros(sum(t.numel() for t in local), dtype=params[0].dtype, device=local[0].device)
         views, offset = [], 0
-        for p in params:
-            views.append(buffer[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for t in local:
+            views.append(buffer[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
         self.buckets.append(Bucket(len(self.buckets), params, [names[id(p)] for p in params], buffer, views))
 
     @staticmethod
@@ -197,15 +178,17 @@ class DDPBuckets(DDPNaive):
         if p.grad is None:
             view.zero_()
         else:
-            view.copy_(p.grad)
+            view.copy_(_local(p.grad))
 
+    @torch.no_grad()
     def _unpack(self, bucket: Bucket) -> None:
         for p, view in zip(bucket.params, bucket.views):
             if p.grad is None:
-                p.grad = view.clone()
+                _set_grad(p, view.clone())
             else:
-                p.grad.copy_(view)
+                _local(p.grad).copy_(view)
 
+    @torch.no_grad()
     def sync_gradients(self) -> None:
         """Per bucket: copy grads in, divide by n, all-reduce (sum), copy the averages back out."""
         for b in self.buckets:
@@ -231,7 +214,7 @@ class DDPOverlap(DDPBuckets):
     """
 
     def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, process_group=None,
-                 on_collective: Callable[[CommEvent], None] | None = None):
+                 on_collective: OnCollective | None = None):
         super().__init__(module, bucket_bytes, process_group, on_collective)
         self._where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._sync = True
@@ -252,7 +235,7 @@ class DDPOverlap(DDPBuckets):
                                "accumulate gradients over several backwards, run all but the last "
                                "inside `with model.no_sync():`")
         bucket, i = self._where[id(p)]
-        bucket.views[i].copy_(p.grad)
+        bucket.views[i].copy_(_local(p.grad))
         self._ready.add(id(p))
         self._missing[bucket.index] -= 1
         while self._next < len(self.buckets) and self._missing[self._next] == 0:
@@ -278,6 +261,7 @@ class DDPOverlap(DDPBuckets):
         finally:
             self._sync = before
 
+    @torch.no_grad()
     def sync_gradients(self) -> None:
         """Launch any bucket still incomplete (unused parameters count as zeros), wait, unpack."""
         if not self._sync:

@@ -1,80 +1,133 @@
-"""``nn.DataParallel``'s data flow, played by ranks, for a causal language model (chapter 03).
+"""``nn.DataParallel``'s data flow, played by ranks, for a transformers causal language model (chapter 03).
 
-``nn.DataParallel`` drives all GPUs from one process with GPU 0 as the hub. With no GPUs it does nothing
-at all (``device_ids=[]``), so chapter 03 replays its five exchanges with ranks instead, rank 0 as GPU 0:
+``nn.DataParallel`` drives all GPUs from one process, GPU 0 holding the model. Each forward (PyTorch
+``torch/nn/parallel/data_parallel.py``, ``_functions.py``, ``comm.py``; ``torch/csrc/cuda/comm.cpp``):
 
-1. rank 0 reads the global batch and scatters one slice to every rank;
-2. rank 0's current parameters are copied to every rank (the model is replicated every step);
-3. every rank runs forward; the outputs are gathered on rank 0, which computes the loss;
-4. the loss's gradient with respect to each rank's outputs is scattered back; every rank runs backward;
-5. the gradients are summed on rank 0, which alone takes the optimizer step.
+1. **scatter**: the inputs on GPU 0 are split along the batch and copied to each GPU (``comm.scatter``);
+   with transformers the labels go with them;
+2. **replicate**: GPU 0's parameters and buffers are broadcast to every GPU (``Broadcast`` →
+   ``comm.broadcast_coalesced``: tensors packed into buffers of up to 10 MiB, sent with an NCCL broadcast
+   when PyTorch has NCCL, else copied device to device) — every step, since only GPU 0's copy is trained;
+3. **forward** on every replica, each in its own Python thread; a transformers model given ``labels``
+   computes its own loss on its own shard;
+4. **gather**: every output goes to GPU 0 (``comm.gather``): the losses (one per replica) *and* the logits,
+   since DataParallel gathers whatever the model returns;
+5. **backward**: the caller reduces the losses on GPU 0 (``loss.mean()``); ``Gather``'s backward scatters
+   each replica its share of the gradient (1/n), every replica runs backward, and ``Broadcast``'s
+   backward, ``ReduceAddCoalesced``, sums the replicas' gradients into GPU 0's ``.grad``
+   (``comm.reduce_add_coalesced``: 10 MiB buffers, an NCCL reduce when available);
+6. **step**: the optimizer, on GPU 0 alone.
 
-The same tensors move as in ``nn.DataParallel`` (which copies them between GPUs inside one process, not
-with collectives), so the traffic through rank 0 and the work it does alone are the same. It trains
-exactly like one process on the global batch; the chapter checks that.
+With no GPUs ``nn.DataParallel`` does nothing at all (``device_ids=[]``), so chapter 03 plays these steps
+with ranks, rank 0 as GPU 0, each exchange a collective through :func:`parlab.parallel.comm.communicate`
+(so a :class:`parlab.measure.CommLog` counts every byte) and each computation a span of a
+:class:`parlab.measure.Timeline`. The same tensors move, between the same places; what ranks cannot show
+is the single process, whose Python threads share the GIL. It trains exactly like one process on the
+global batch, which the chapter and ``tests/test_dp.py`` check.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from parlab.parallel.comm import OnCollective, check_callback, communicate
+
+COALESCE_BYTES = 10 * 1024 * 1024  # broadcast_coalesced / reduce_add_coalesced's buffer_size (10 MiB)
 
 
-def train_like_dataparallel(model, batches, optimizer=None, log: list | None = None) -> None:
-    """Train ``model`` (input_ids -> ``.logits``) for one step per global batch in ``batches``.
+def _coalesced(tensors, limit: int = COALESCE_BYTES):
+    """Runs of ``tensors`` of one dtype whose bytes add up to at most ``limit`` (one tensor if larger)."""
+    run, size = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if run and (size + nbytes > limit or t.dtype != run[0].dtype):
+            yield run
+            run, size = [], 0
+        run.append(t)
+        size += nbytes
+    if run:
+        yield run
 
-    ``optimizer`` (used on rank 0 only) defaults to SGD with lr=0.05 over ``model``'s parameters.
-    Every rank calls it with the same ``batches`` (each (global batch, seq) token ids; only rank 0 reads
-    them, the others use their shapes). If ``log`` is a list, one ``(step, phase, seconds, nbytes)`` is
-    appended per phase: ``nbytes`` counts what this rank sends or receives, rank 0 once per other rank.
+
+def dataparallel_step(model, batch: torch.Tensor, optimizer=None, timeline=None,
+                      on_collective: OnCollective | None = None) -> float | None:
+    """One DataParallel step on global ``batch`` (global batch, seq) token ids; returns the loss on rank 0.
+
+    Every rank calls it with a batch of the same shape; only rank 0's values are used. ``optimizer`` is
+    used on rank 0 only (DataParallel steps GPU 0's parameters). ``timeline``: a
+    :class:`parlab.measure.Timeline` that gets a span per computation; give ``on_collective`` a
+    :class:`parlab.measure.CommLog` (with the same timeline) to record every exchange too.
     """
+    check_callback(on_collective)
     rank, n = dist.get_rank(), dist.get_world_size()
+    if batch.shape[0] % n:
+        raise ValueError(f"batch size {batch.shape[0]} does not split over {n} ranks")
+    span = timeline.span if timeline is not None else (lambda name, kind="compute": contextlib.nullcontext())
     dev = next(model.parameters()).device
-    params = list(model.parameters())
-    num_bytes = sum(p.numel() * p.element_size() for p in params)
-    opt = (optimizer or torch.optim.SGD(params, lr=0.05)) if rank == 0 else None
 
-    def hub(nbytes):  # rank 0 sends to (or receives from) each of the others
-        return nbytes * (n - 1) if rank == 0 else nbytes
+    def comm(op, tensor, label, **kw):
+        root = {"src": 0} if op in ("scatter", "broadcast") else {"dst": 0}
+        communicate(op, tensor, on_collective=on_collective, label=label, **root, **kw)
 
-    def timed(step, phase, nbytes, fn):
-        start = time.perf_counter()
-        out = fn()
-        if log is not None:
-            log.append((step, phase, time.perf_counter() - start, nbytes))
-        return out
-
-    for step, batch in enumerate(batches):
-        if batch.shape[0] % n:
-            raise ValueError(f"batch size {batch.shape[0]} does not split over {n} ranks")
-        batch = batch.to(dev)
-        mine = torch.empty_like(batch.chunk(n)[0])  # (batch / n, seq)
-        timed(step, "1 scatter inputs", hub(mine.numel() * mine.element_size()),
-              lambda: dist.scatter(mine, list(batch.chunk(n)) if rank == 0 else None, src=0))
-        timed(step, "2 replicate model", hub(num_bytes), lambda: [dist.broadcast(p.data, src=0) for p in params])
-        logits = timed(step, "3 forward", 0, lambda: model(input_ids=mine).logits)  # (batch / n, seq, vocab)
-        outs = [torch.empty_like(logits) for _ in range(n)] if rank == 0 else None
-        timed(step, "3 gather outputs", hub(logits.numel() * logits.element_size()),
-              lambda: dist.gather(logits.detach(), outs, dst=0))
-        grads = None
+    # 1. scatter: rank 0's batch, one slice per rank (token ids; the labels are the same ids)
+    batch = batch.to(dev)
+    mine = torch.empty_like(batch.chunk(n)[0])  # (batch / n, seq)
+    comm("scatter", mine, "inputs", chunks=list(batch.chunk(n)) if rank == 0 else None)
+    # 2. replicate: rank 0's parameters, packed into ≤ 10 MiB buffers, broadcast
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        for run in _coalesced([*params, *model.buffers()]):
+            flat = _flatten_dense_tensors(run)  # (sum of numel,): what comm.broadcast_coalesced sends
+            comm("broadcast", flat, "replicate")
+            for t, part in zip(run, _unflatten_dense_tensors(flat, run)):
+                t.copy_(part)
+    # 3. forward: each replica computes its own loss on its own slice
+    with span("forward"):
+        out = model(input_ids=mine, labels=mine)
+    # 4. gather: the losses and the logits go to rank 0
+    losses = [torch.empty_like(out.loss) for _ in range(n)] if rank == 0 else None
+    logits = [torch.empty_like(out.logits) for _ in range(n)] if rank == 0 else None
+    comm("gather", out.loss.detach().reshape(1), "losses",
+         chunks=[x.reshape(1) for x in losses] if rank == 0 else None)
+    comm("gather", out.logits.detach(), "logits", chunks=logits)  # (batch / n, seq, vocab) from each
+    # 5. backward: rank 0 averages the losses; d(mean)/d(loss_r) = 1/n goes back to each replica
+    share = torch.empty((), device=dev)
+    result = None
+    if rank == 0:
+        with span("loss"):
+            gathered = torch.stack(losses).requires_grad_()  # (n,)
+            mean = gathered.mean()
+            mean.backward()
+            result = mean.item()
+    comm("scatter", share.reshape(1), "loss grads",
+         chunks=[g.reshape(1) for g in gathered.grad] if rank == 0 else None)
+    with span("backward"):
+        out.loss.backward(share)
+    #    ... and the replicas' gradients are summed on rank 0, in ≤ 10 MiB buffers
+    for run in _coalesced([p.grad for p in params]):
+        flat = _flatten_dense_tensors(run)
+        comm("reduce", flat, "gradients")
         if rank == 0:
-            def loss_on_hub():
-                every = torch.cat(outs).requires_grad_()  # (batch, seq, vocab), all on rank 0
-                vocab = every.shape[-1]
-                loss = F.cross_entropy(every[:, :-1].reshape(-1, vocab), batch[:, 1:].reshape(-1))
-                loss.backward()  # d loss / d outputs, for every rank's outputs
-                return list(every.grad.chunk(n))
-            grads = timed(step, "4 loss on rank 0", 0, loss_on_hub)
-        grad_out = torch.empty_like(logits)
-        timed(step, "4 scatter loss grads", hub(grad_out.numel() * grad_out.element_size()),
-              lambda: dist.scatter(grad_out, grads, src=0))
-        timed(step, "4 backward", 0, lambda: logits.backward(grad_out))
-        # Summed, not averaged: the loss on rank 0 already averaged over the whole batch.
-        timed(step, "5 reduce grads", hub(num_bytes), lambda: [dist.reduce(p.grad, dst=0) for p in params])
-        if rank == 0:
-            timed(step, "5 optimizer step", 0, opt.step)
-            opt.zero_grad()
-        model.zero_grad()
+            for g, part in zip(run, _unflatten_dense_tensors(flat, run)):
+                g.copy_(part)
+    if rank != 0:  # a replica's gradients live only until they are reduced
+        model.zero_grad(set_to_none=True)
+    # 6. step, on rank 0 alone
+    if rank == 0 and optimizer is not None:
+        with span("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+    return result
+
+
+def train_like_dataparallel(model, batches, optimizer=None, timeline=None,
+                            on_collective: OnCollective | None = None) -> list[float | None]:
+    """:func:`dataparallel_step` on each global batch; ``optimizer`` (rank 0 only) defaults to SGD lr=0.05.
+    Returns rank 0's losses (``None`` on the other ranks)."""
+    if optimizer is None and dist.get_rank() == 0:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return [dataparallel_step(model, batch, optimizer, timeline, on_collective) for batch in batches]

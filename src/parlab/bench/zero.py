@@ -1,0 +1,215 @@
+"""ZeRO's stages (``parlab.parallel.zero``) beside PyTorch's DDP and FSDP2: step time and memory per rank, every
+implementation on the same model in the same ranks, timed in alternating rounds (chapter 04, section 7;
+``benchmarks/zero.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+import parlab
+from parlab.measure import measure_memory, peak_memory, time_alternating
+
+KINDS = ("ddp", "zero1", "zero2", "zero3", "zero3_prefetch", "fsdp2")
+LABELS = {"ddp": "DistributedDataParallel", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
+          "zero3_prefetch": "ZeRO-3 + prefetch", "fsdp2": "FSDP2 fully_shard"}
+PRESETS = {  # GPT-2 sizes: a CPU box, and a GPU (GPT-2 small, as in the guide's benchmark)
+    "cpu": dict(n_layer=4, n_embd=128, n_head=4, vocab_size=2048, seq_len=64, batch=8, bucket_mb=1.0),
+    "gpu": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, seq_len=512, batch=8, bucket_mb=25.0),
+}
+
+
+def make_model(cfg: dict):
+    """The tiny GPT-2 of a preset, the same on every rank."""
+    from parlab.models import tiny_gpt2
+
+    return tiny_gpt2(n_layer=cfg["n_layer"], n_embd=cfg["n_embd"], n_head=cfg["n_head"],
+                     vocab_size=cfg["vocab_size"], n_positions=cfg["seq_len"], seed=0)
+
+
+def prepare(kind: str, cfg: dict):
+    """(model to call, what takes the step: ``.step()``, ``.zero_grad()``, (module, optimizer) for
+    ``measure_memory``) of one implementation, on this rank."""
+    from parlab.parallel import ZeroStage1, ZeroStage2, ZeroStage3
+
+    dev = parlab.device()
+    model = make_model(cfg).to(dev)
+    adamw = dict(lr=1e-4)
+    if kind.startswith("zero"):
+        if kind == "zero1":
+            zero = ZeroStage1(model, torch.optim.AdamW, **adamw)
+        elif kind == "zero2":
+            zero = ZeroStage2(model, torch.optim.AdamW, bucket_bytes=int(cfg["bucket_mb"] * 2**20), **adamw)
+        else:
+            zero = ZeroStage3(model, torch.optim.AdamW, blocks=model.transformer.h,
+                              prefetch=kind == "zero3_prefetch", **adamw)
+        return zero, zero, (zero, zero.optimizer)
+    if kind == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
+        return model, opt, (model, opt)
+    if kind == "ddp":
+        # Gradients as views of DDP's buckets: one copy of them, as the memory formula counts.
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                                        bucket_cap_mb=cfg["bucket_mb"], gradient_as_bucket_view=True)
+        opt = torch.optim.AdamW(ddp.parameters(), **adamw)
+        opt.zero_grad = functools.partial(opt.zero_grad, set_to_none=False)  # keep the bucket views
+        return ddp, opt, (model, opt)
+    raise ValueError(f"kind={kind!r}; choose from {', '.join(KINDS)}")
+
+
+def measure(cfg: dict) -> dict:
+    """Runs on every rank. ``cfg``: a preset plus ``kinds``, ``rounds``, ``steps``, ``warmup``. Returns
+    {"times": {kind: [seconds per step, one per round]} (the slowest rank's), "memory": {kind: bytes this rank
+    holds after a step, by part, and "peak": the most during one}, "groups": {kind: [(name, numel, padded
+    numel)] of the course's stages' flat groups}, "num_params"}."""
+    from parlab.models import shard, token_batch
+
+    rank, n, dev = parlab.rank(), parlab.world_size(), parlab.device()
+    kinds = cfg.get("kinds", KINDS)
+    runs = {k: prepare(k, cfg) for k in kinds}
+    x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(dev)
+
+    def step(kind, zero_grad=True):
+        model, stepper, _ = runs[kind]
+        model(input_ids=x, labels=x).loss.backward()
+        stepper.step()
+        if zero_grad:
+            stepper.zero_grad()
+
+    memory = {}
+    for kind in kinds:  # one at a time, so that each peak is its own
+        for _ in range(2):  # the optimizer's state exists after one step, DDP's rebuilt buckets after two
+            step(kind)
+        held = measure_memory(*runs[kind][2]).total  # what the rank holds between steps
+        _, extra = peak_memory(step, kind, False, device=dev)
+        memory[kind] = measure_memory(*runs[kind][2]).as_dict() | {"peak": held + extra}
+        runs[kind][1].zero_grad()
+    times = time_alternating({k: functools.partial(step, k) for k in kinds}, rounds=cfg["rounds"],
+                             steps=cfg["steps"], warmup=cfg["warmup"])
+    groups = {k: [(g.name, g.numel, g.padded_numel) for g in run[0].groups] for k, run in runs.items()
+              if hasattr(run[0], "groups")}
+    return {"times": times, "memory": memory, "groups": groups,
+            "num_params": sum(p.numel() for p in make_model(cfg).parameters())}
+
+
+def plot(result: dict, title: str, reference: str):
+    """Median step time (with throughput relative to ``reference``) and memory per rank, one bar each."""
+    import matplotlib.pyplot as plt
+
+    from parlab.plots import MEMORY_COLORS
+
+    kinds = list(result["median_step_s"])
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 0.45 * len(kinds) + 1.8), sharey=True)
+    med = result["median_step_s"]
+    bars = ax_t.barh([LABELS[k] for k in kinds], [med[k] * 1e3 for k in kinds], color="#3377bb")
+    for bar, k in zip(bars, kinds):
+        ax_t.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                  f"  {result['throughput_vs'][k]:.2f}x {LABELS[reference]}", va="center", fontsize=8)
+    ax_t.set_xlim(0, max(med.values()) * 1e3 * 1.6)
+    ax_t.set_xlabel("median step time (ms), lower is better")
+    ax_t.invert_yaxis()
+    left = [0.0] * len(kinds)
+    for part in ("params", "grads", "optimizer"):
+        vals = [result["memory"][k][part] / 2**20 for k in kinds]
+        ax_m.barh(range(len(kinds)), vals, left=left, color=MEMORY_COLORS[part], label=part)
+        left = [a + b for a, b in zip(left, vals)]
+    ax_m.plot([result["memory"][k]["peak"] / 2**20 for k in kinds], range(len(kinds)), "k|", ms=14, mew=2,
+              label="peak during a step")
+    ax_m.set_xlabel("MiB per rank (rank 0)")
+    ax_m.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# -- chapter 02's α-β model, applied to a training step (chapter 04, section 8) --------------------------------
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+
+
+def ring_costs(latency: float, bandwidth: float, world_size: int) -> dict[str, tuple[float, float]]:
+    """(α, β) of each collective, T(m) = α + m·β, for a ring of ``world_size`` ranks whose links have this
+    latency (seconds per ring step) and bandwidth (bytes/s): an all-gather or reduce-scatter takes n−1 steps
+    and moves (n−1)/n of the buffer over each link; an all-reduce is the two in turn (chapter 02)."""
+    n = world_size
+    one = ((n - 1) * latency, (n - 1) / n / bandwidth)
+    return {"all_gather": one, "reduce_scatter": one, "all_reduce": (2 * one[0], 2 * one[1])}
+
+
+def predict_step(strategy: str, costs: dict, num_bytes: float, world_size: int, forward_s: float,
+                 backward_s: float, optimizer_s: float, buckets: int = 1, blocks: int = 1,
+                 overlap: bool = True) -> float:
+    """Seconds per training step of one data-parallel strategy under the α-β model (a model, not a measurement).
+
+    ``costs[op] = (α, β)`` per collective call (``ring_costs``, or fitted with ``fit_alpha_beta``); ``num_bytes``:
+    the gradients' (= the weights') size; ``forward_s``, ``backward_s``, ``optimizer_s``: one rank's compute
+    (the optimizer over all weights: ZeRO divides it by N). ``buckets``: collectives DDP and stage 2 cut the
+    gradients into; ``blocks``: stage 3's gather units. ``overlap``: communication runs beside computation
+    (GPUs: NCCL on its own stream) and only the longer of the two counts; else (CPU: the same cores) they add.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}; choose one of {', '.join(STRATEGIES)}")
+
+    def comm(op, calls):
+        alpha, beta = costs[op]
+        return calls * alpha + num_bytes * beta
+
+    def beside(compute, communication):
+        return max(compute, communication) if overlap else compute + communication
+
+    n = world_size
+    if strategy == "ddp":  # buckets all-reduced during backward
+        return forward_s + beside(backward_s, comm("all_reduce", buckets)) + optimizer_s
+    if strategy == "zero1":  # reduce-scatter after backward, all-gather after the step: nothing to hide behind
+        return forward_s + backward_s + comm("reduce_scatter", 1) + optimizer_s / n + comm("all_gather", 1)
+    if strategy == "zero2":  # buckets reduce-scattered during backward; the all-gather after the step
+        return forward_s + beside(backward_s, comm("reduce_scatter", buckets)) + optimizer_s / n + \
+            comm("all_gather", buckets)
+    # stage 3 with prefetch: gathers hide behind forward; gathers and reduce-scatters behind backward
+    return (beside(forward_s, comm("all_gather", blocks))
+            + beside(backward_s, comm("all_gather", blocks) + comm("reduce_scatter", blocks)) + optimizer_s / n)
+
+
+def time_compute(cfg: dict, reps: int = 3) -> dict[str, float]:
+    """On every rank at once (the cores shared as in training): median seconds of the plain model's forward,
+    backward and AdamW step on this rank's batch; the slowest rank's."""
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    from parlab.models import shard, token_batch
+
+    rank, n, dev = parlab.rank(), parlab.world_size(), parlab.device()
+    model = make_model(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(dev)
+
+    def timed(fn):
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        start = time.perf_counter()
+        out = fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return out, time.perf_counter() - start
+
+    times = {"forward_s": [], "backward_s": [], "optimizer_s": []}
+    for _ in range(reps + 1):  # the first, untimed, creates the optimizer's state
+        dist.barrier()
+        loss, f = timed(lambda: model(input_ids=x, labels=x).loss)
+        _, b = timed(loss.backward)
+        _, s = timed(opt.step)
+        opt.zero_grad()
+        for key, value in zip(times, (f, b, s)):
+            times[key].append(value)
+    out = torch.tensor([statistics.median(v[1:]) for v in times.values()])
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return dict(zip(times, out.tolist()))

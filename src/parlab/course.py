@@ -1,0 +1,176 @@
+"""``parlab run``: run the course's chapters headless, as CI and an instructor checking a machine do.
+
+Each chapter is executed top to bottom by papermill in a fresh kernel, in the chapter's own folder (as
+JupyterLab runs it, so a chapter finds the files beside it wherever ``parlab run`` is started), with
+either its default parameters or, with ``ci=True``, the smaller ones stored in its metadata
+(``metadata.parlab.ci_parameters``). The executed notebook, and an HTML copy, go to an output folder;
+a failing chapter's copy shows the failing cell and its traceback. Whatever ``NN_*.ipynb`` files the
+notebooks folder holds are the course: a new chapter joins by being there.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+import time
+from dataclasses import dataclass
+
+import nbformat
+
+CHAPTER_GLOB = "[0-9][0-9]_*.ipynb"
+
+
+def notebooks_dir() -> pathlib.Path:
+    """The course's ``notebooks/`` folder: in the current folder when there is one (a checkout's top
+    folder), else beside the installed package (an editable install, as ``./lab`` and Binder make)."""
+    here = pathlib.Path.cwd() / "notebooks"
+    if any(here.glob(CHAPTER_GLOB)):
+        return here
+    return pathlib.Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def chapters(selection=None, folder=None) -> list[pathlib.Path]:
+    """The chapter notebooks in ``folder``, in order; ``selection`` picks some by number (``"03"``, ``3``)
+    or name (``"03_dp_vs_ddp"``, ``"03_dp_vs_ddp.ipynb"``)."""
+    folder = pathlib.Path(folder) if folder is not None else notebooks_dir()
+    found = sorted(folder.glob(CHAPTER_GLOB))
+    if not found:
+        raise FileNotFoundError(f"no chapters (files named {CHAPTER_GLOB}) in {folder}")
+    if not selection:
+        return found
+    picked = []
+    for want in selection:
+        key = str(want)
+        key = f"{int(key):02d}" if key.isdigit() else key.removesuffix(".ipynb")
+        match = [p for p in found if p.stem == key or p.stem.split("_", 1)[0] == key]
+        if not match:
+            raise ValueError(f"chapters: no chapter {want!r} in {folder}; there are "
+                             f"{', '.join(p.stem for p in found)}")
+        picked += [p for p in match if p not in picked]
+    return sorted(picked)
+
+
+def ci_parameters(notebook: nbformat.NotebookNode) -> dict:
+    """The smaller parameters CI runs a chapter with (``metadata.parlab.ci_parameters``)."""
+    return dict(notebook.metadata.get("parlab", {}).get("ci_parameters", {}))
+
+
+def world_size(notebook: nbformat.NotebookNode, parameters: dict) -> int | None:
+    """The ``world_size`` a chapter runs with: the injected one, else its parameters cell's."""
+    if "world_size" in parameters:
+        return parameters["world_size"]
+    for cell in notebook.cells:
+        if "parameters" in cell.metadata.get("tags", []):
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "world_size" for t in node.targets):
+                    return ast.literal_eval(node.value)
+    return None
+
+
+@dataclass
+class ChapterResult:
+    chapter: str  # the notebook's stem, e.g. "00_welcome"
+    passed: bool
+    seconds: float
+    error: str = ""  # what failed: the cell (In [N] of the executed copy) and its exception's first line
+    output: pathlib.Path | None = None  # the executed notebook
+
+
+def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_timeout: float = 600,
+                progress: bool | dict = False, require_gpu: bool = False) -> ChapterResult:
+    """Execute one chapter in its own folder; write the executed notebook (and HTML) to ``output_dir``.
+
+    Never raises for a failing chapter: the result says what failed. ``require_gpu``: a chapter whose
+    ``world_size`` would not run in GPU mode here (NCCL, one GPU per rank) fails without running, so a
+    GPU runner cannot pass by quietly falling back to CPU.
+    """
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    path = pathlib.Path(path).resolve()
+    output_dir = pathlib.Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    out = output_dir / path.name
+    notebook = nbformat.read(path, as_version=4)
+    parameters = ci_parameters(notebook) if ci else {}
+    start = time.monotonic()
+    if require_gpu:
+        from parlab.launch import make_plan
+
+        ranks = world_size(notebook, parameters) or 2
+        plan = make_plan(ranks, "auto")
+        if plan.backend != "nccl":
+            return ChapterResult(path.stem, False, 0.0, f"not run: world_size={ranks} would not run in GPU mode "
+                                 f"here ({plan.describe()})")
+    error = ""
+    try:
+        papermill.execute_notebook(
+            str(path), str(out), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
+            progress_bar=progress, execution_timeout=cell_timeout,
+        )
+    except PapermillExecutionError as exc:
+        # In [N] as the executed copy shows it (papermill's injected parameters are a cell there too)
+        error = f"In [{exc.exec_count}]: {exc.ename}: {_first_line(exc.evalue)}"
+    except Exception as exc:  # noqa: BLE001 - a dead kernel, a cell timeout: reported as the chapter's failure
+        error = f"{type(exc).__name__}: {_first_line(str(exc))}"
+    seconds = time.monotonic() - start
+    if html and out.exists():
+        _write_html(out)
+    return ChapterResult(path.stem, not error, seconds, error, out if out.exists() else None)
+
+
+def run_course(paths, output_dir, *, ci: bool = False, html: bool = True, cell_timeout: float = 600,
+               require_gpu: bool = False, show_progress: bool = True, echo=print) -> list[ChapterResult]:
+    """Run the chapters one after another (each fills the machine's cores on its own), saying how each went."""
+    results = []
+    for i, path in enumerate(paths, 1):
+        label = f"[{i}/{len(paths)}] {path.stem}"
+        # tqdm turns itself off (disable=None) when stderr is not a terminal, e.g. in CI logs; the lines
+        # echoed below carry the progress there.
+        progress = {"desc": label, "disable": None, "leave": False} if show_progress else False
+        echo(f"{label} ...", flush=True)
+        started = time.monotonic()
+        try:
+            result = run_chapter(path, output_dir, ci=ci, html=html, cell_timeout=cell_timeout,
+                                 progress=progress, require_gpu=require_gpu)
+        except KeyboardInterrupt:  # stop here, but still show what ran
+            results.append(ChapterResult(path.stem, False, time.monotonic() - started, "interrupted"))
+            break
+        echo(f"{label} {'passed' if result.passed else 'FAILED'} in {result.seconds:.1f} s"
+             + (f": {result.error}" if result.error else ""), flush=True)
+        results.append(result)
+    return results
+
+
+def table(results: list[ChapterResult]) -> str:
+    """chapter | status | time, and the total, as a Markdown table (readable in a terminal too)."""
+    rows = [(r.chapter, "passed" if r.passed else "FAILED", f"{r.seconds:.1f} s") for r in results]
+    rows.append(("total", f"{sum(r.passed for r in results)}/{len(results)} passed",
+                 f"{sum(r.seconds for r in results):.1f} s"))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(("chapter", "status", "time"))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    out = [line(("chapter", "status", "time")), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(row) for row in rows]
+    failures = [f"{r.chapter}: {r.error}" for r in results if not r.passed]
+    return "\n".join(out + ([""] + failures if failures else []))
+
+
+def write_summary(results: list[ChapterResult], output_dir) -> pathlib.Path:
+    """``summary.json`` beside the executed notebooks, for CI to read or keep."""
+    pathlib.Path(output_dir).mkdir(parents=True, exist_ok=True)
+    path = pathlib.Path(output_dir) / "summary.json"
+    path.write_text(json.dumps([{"chapter": r.chapter, "passed": r.passed, "seconds": round(r.seconds, 2),
+                                 "error": r.error} for r in results], indent=1) + "\n")
+    return path
+
+
+def _write_html(notebook_path: pathlib.Path) -> None:
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(notebook_path))
+    notebook_path.with_suffix(".html").write_text(body, encoding="utf-8")
+
+
+def _first_line(text: str) -> str:
+    return (str(text).strip().splitlines() or [""])[0][:300]

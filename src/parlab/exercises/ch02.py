@@ -1,0 +1,56 @@
+"""Chapter 02's exercises: all-reduce by recursive doubling, built from point-to-point messages, and when
+it beats the ring under the α-β model."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from parlab.exercises.core import ExerciseFailed, Passed, _name, check_function, check_ranks
+
+
+def check_recursive_doubling(fn, world_size: int = 4, numel: int = 12, timeout: float = 30) -> Passed:
+    """Chapter 02: ``fn(tensor)`` must sum ``tensor`` over all ranks in place like ``dist.all_reduce``, by
+    recursive doubling: log₂ n steps, in step k each rank swaps its whole buffer with rank ``rank XOR 2^k``
+    and adds. Only send/recv (isend/irecv) are allowed; each rank must send log₂ n × the buffer."""
+    if world_size < 2 or world_size & (world_size - 1):
+        raise ValueError(f"world_size={world_size}: recursive doubling needs a power of two (2, 4, 8 ranks)")
+
+    def make_input(rank, n):
+        return torch.arange(numel, dtype=torch.float32) + 100 * rank
+
+    results = check_ranks(fn, _all_reduce, world_size, make_input, timeout, _record=True)
+    buffer = numel * 4
+    expected = int(math.log2(world_size)) * buffer
+    for rank, r in enumerate(results):
+        others = sorted({rec.op for rec in r["records"]} - {"send", "recv"})
+        if others:
+            raise ExerciseFailed(f"{_name(fn)} on rank {rank} called {', '.join(others)}: build the all-reduce "
+                                 f"from point-to-point messages (send/recv, isend/irecv)")
+        sent = sum(rec.bytes for rec in r["records"] if rec.op == "send")
+        if sent != expected:
+            raise ExerciseFailed(f"{_name(fn)} gives the right sums, but rank {rank} sent {sent} bytes; recursive "
+                                 f"doubling sends the whole {buffer}-byte buffer once per step, log₂ {world_size} "
+                                 f"= {int(math.log2(world_size))} steps: {expected} bytes")
+    return Passed(f"{_name(fn)} matches dist.all_reduce on {world_size} ranks, sending log₂ n × buffer = "
+                  f"{expected} bytes per rank")
+
+
+def _all_reduce(t):
+    dist.all_reduce(t)
+
+
+def _crossover_bytes(n, alpha, bandwidth):
+    steps = math.log2(n)
+    # ring: 2(n-1)·(α + m/(n·B)); recursive doubling: log2(n)·(α + m/B); equal at m*
+    return alpha * bandwidth * (2 * (n - 1) - steps) / (steps - 2 * (n - 1) / n)
+
+
+def check_crossover_bytes(fn) -> Passed:
+    """Chapter 02: ``fn(n, alpha, bandwidth)`` → the message size in bytes at which a ring all-reduce and
+    recursive doubling take the same time on ``n`` ranks, when every message costs ``alpha`` seconds plus
+    its bytes over ``bandwidth`` bytes/s (below it recursive doubling wins, above it the ring)."""
+    cases = [dict(n=n, alpha=a, bandwidth=b) for n in (4, 8, 64) for a in (5e-6, 2e-5) for b in (1e9, 2.5e10)]
+    return check_function(fn, _crossover_bytes, cases)

@@ -1,0 +1,146 @@
+"""Chapter 05's exercises: a row-parallel layer's forward, run on ranks against the dense layer; and where
+the collectives go in a chain of column- and row-parallel layers, checked boundary by boundary."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import parlab
+from parlab.exercises.core import ExerciseFailed, Passed
+
+IN, OUT, BATCH = 12, 6, 5
+
+
+def _row_parallel_on_rank(fn) -> dict:
+    from parlab.measure import record_comm
+    from parlab.parallel.tensor import RowParallelLinear
+
+    g = torch.Generator().manual_seed(7)
+    dense = torch.nn.Linear(IN, OUT)
+    with torch.no_grad():
+        dense.weight.copy_(torch.randn(OUT, IN, generator=g))
+        dense.bias.copy_(torch.randn(OUT, generator=g))  # not zero: a bias added t times must show
+    x = torch.randn(BATCH, IN, generator=g)
+    layer = RowParallelLinear(dense)
+    cols = layer.shards["weight"][1]
+    mine = x[:, cols].clone().requires_grad_()  # (batch, in / t): this rank's features
+    try:
+        with record_comm() as log:
+            y = fn(layer, mine)
+    except NotImplementedError:
+        return {"problem": "row_parallel_forward is not written yet (it raises NotImplementedError)"}
+    if not isinstance(y, torch.Tensor):
+        return {"problem": f"row_parallel_forward returned {type(y).__name__}; return the layer's output"}
+    partial = F.linear(x[:, cols], layer.weight.detach())
+    out = {"y": y.detach().clone(), "want": dense(x).detach(), "partial": partial, "bias": dense.bias.detach(),
+           "ops": [(r.op, r.bytes) for r in log.records]}
+    if y.requires_grad:
+        (y * torch.arange(1.0, OUT + 1)).sum().backward()
+        dense.zero_grad()
+        whole = x.clone().requires_grad_()
+        (dense(whole) * torch.arange(1.0, OUT + 1)).sum().backward()
+        out["grads"] = [(name, got.clone() if got is not None else None, want)
+                        for name, got, want in (("x", mine.grad, whole.grad[:, cols]),
+                                                ("weight", layer.weight.grad, dense.weight.grad[:, cols]),
+                                                ("bias", layer.bias.grad, dense.bias.grad))]
+    return out
+
+
+def _diagnose(r: dict, t: int) -> str | None:
+    if "problem" in r:
+        return r["problem"]
+    y, want = r["y"], r["want"]
+    if y.shape != want.shape:
+        return f"the output has shape {tuple(y.shape)}; expected (batch, out_features) = {tuple(want.shape)}"
+    if torch.allclose(y, want, atol=1e-5):
+        pass
+    elif torch.allclose(y, r["partial"] + r["bias"], atol=1e-5) or torch.allclose(y, r["partial"], atol=1e-5):
+        return "the output is this rank's partial sum: the ranks' results were never added up"
+    elif torch.allclose(y, want + (t - 1) * r["bias"], atol=1e-5):
+        return f"the bias was added on every rank before the sum, so it counts {t} times"
+    elif torch.allclose(y, want - r["bias"], atol=1e-5):
+        return "the bias is missing"
+    else:
+        return f"the output differs from the dense layer's by up to {(y - want).abs().max().item():.3g}"
+    reductions = [op for op in r["ops"] if op[0] == "all_reduce"]
+    if len(r["ops"]) != 1 or len(reductions) != 1:
+        return f"expected one all-reduce of the output; the collectives were {r['ops']}"
+    if "grads" not in r:
+        return "the output does not require grad: autograd cannot train through it"
+    for name, got, want in r["grads"]:
+        if got is None:
+            return f"no gradient reached {name}"
+        if not torch.allclose(got, want, atol=1e-5):
+            return f"the gradient of {name} is wrong (up to {(got - want).abs().max().item():.3g} off)"
+    return None
+
+
+def check_row_parallel_forward(fn, world_size: int = 2) -> Passed:
+    """Chapter 05: ``fn(layer, x)`` as ``RowParallelLinear.forward`` on ``world_size`` ranks, against the
+    dense layer: the output, one all-reduce, and the gradients of the weight and bias slices."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function row_parallel_forward(layer, x); got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 2 <= world_size <= IN or IN % world_size:
+        raise ValueError(f"world_size must be an int >= 2 dividing {IN}; got {world_size!r}")
+    per_rank = parlab.launch(_row_parallel_on_rank, world_size=world_size, args=(fn,), announce=False, output="all")
+    for rank, r in enumerate(per_rank):
+        problem = _diagnose(r, world_size)
+        if problem:
+            raise ExerciseFailed(f"row_parallel_forward on rank {rank} of {world_size}: {problem}")
+    return Passed(f"the row-parallel layer matches the dense one on {world_size} ranks, output and gradients, "
+                  f"with one all-reduce")
+
+
+# -- where do the collectives go? -------------------------------------------------------------------------
+
+NEEDS = {"column": "whole", "row": "split"}  # what each layer needs on every rank
+GIVES = {"column": "split", "row": "partial"}  # what it leaves there
+OPS = ("none", "split", "all_gather", "all_reduce", "reduce_scatter")
+_MOVE = {  # (what a rank holds, what comes next needs) -> the op in forward
+    ("whole", "whole"): "none", ("whole", "split"): "split", ("split", "whole"): "all_gather",
+    ("split", "split"): "none", ("partial", "whole"): "all_reduce", ("partial", "split"): "reduce_scatter",
+}
+
+
+def reference_tp_collectives(splits: list[str]) -> list[str]:
+    """The op at each boundary of a chain of tensor-parallel linear layers (elementwise activations
+    between them): before the first, between each pair, after the last (whose output must be whole)."""
+    return [_MOVE[held, need] for held, need in _states(splits)]
+
+
+def _states(splits):
+    """(what each rank holds, what comes next needs) at each boundary."""
+    held = ["whole"] + [GIVES[s] for s in splits]
+    return list(zip(held, [NEEDS[s] for s in splits] + ["whole"]))
+
+
+CASES = (["column", "row"], ["column"], ["row"], ["column", "column"], ["row", "row"], ["row", "column"],
+         ["column", "row", "column", "row"], ["row", "column", "column", "row"])
+
+
+def check_tp_collectives(fn) -> Passed:
+    """Chapter 05: ``fn(splits)`` must return, for a chain such as ``["column", "row"]``, one op per
+    boundary (len(splits) + 1 of them), each one of ``OPS``."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function tp_collectives(splits); got {type(fn).__name__}")
+    for splits in CASES:
+        want = reference_tp_collectives(splits)
+        try:
+            got = fn(list(splits))
+        except NotImplementedError:
+            raise ExerciseFailed("tp_collectives is not written yet (it raises NotImplementedError)") from None
+        if not isinstance(got, (list, tuple)) or len(got) != len(want):
+            raise ExerciseFailed(f"tp_collectives({splits}) returned {got!r}: expected a list of {len(want)} ops, "
+                                 f"one per boundary (before the first layer, between layers, after the last)")
+        for i, (g, w, (held, need)) in enumerate(zip(got, want, _states(splits))):
+            if g not in OPS:
+                raise ExerciseFailed(f"tp_collectives({splits})[{i}] = {g!r} is not one of {OPS}")
+            if g != w:
+                where = ("before the first layer" if i == 0 else "after the last layer" if i == len(splits)
+                         else f"between {splits[i - 1]} and {splits[i]}")
+                holds = {"whole": "the whole tensor", "split": "its slice of the features",
+                         "partial": "a partial sum"}
+                raise ExerciseFailed(f"tp_collectives({splits}): {where} you said {g!r}, but there each rank holds "
+                                     f"{holds[held]} and what follows needs {holds[need]}")
+    return Passed(f"tp_collectives agrees with the reference on all {len(CASES)} chains")

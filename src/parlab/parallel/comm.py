@@ -1,0 +1,194 @@
+"""One door for every byte a strategy sends: issue a collective on a group, and record it (chapters 03–07).
+
+Every from-scratch strategy in ``parlab.parallel`` (DDP in chapter 03, ZeRO in 04, tensor parallelism in
+05, pipelines in 06) communicates through :func:`communicate`. It takes the *group* the strategy was
+given (a strategy never assumes the whole world: chapter 07 runs DDP on the ``dp`` axis of a mesh), runs
+the op, and, if the strategy was given an ``on_collective`` callback, hands it one
+:class:`~parlab.measure.comm.CommRecord` when the op completes: op, bytes (nccl-tests' size), the group's
+size, this rank's global and in-group rank, start and end times, and a label (bucket, layer …).
+A :class:`~parlab.measure.comm.CommLog` is such a callback, so one log can count what every strategy sent.
+
+For an asynchronous collective the record is made when its future completes (exact with gloo on CPU;
+with NCCL the host learns of completion only approximately, so time GPU work with CUDA events), and the
+waitable returned here completes only after the callback has run. The callback may run on another thread,
+so it should only record.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from parlab.measure.comm import CommRecord, describe_group
+
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "scatter", "gather", "reduce")
+# PyTorch 2.13 renamed the tensor forms (the old names warn); older releases have only the old ones.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+OnCollective = Callable[[CommRecord], None]
+
+
+def check_callback(on_collective) -> None:
+    """A strategy's constructor calls this, so a wrong callback fails at once, not in the middle of backward."""
+    if on_collective is not None and not callable(on_collective):
+        raise TypeError(f"on_collective must be a callable taking a CommRecord (e.g. a parlab.measure.CommLog), "
+                        f"or None; got {on_collective!r}")
+
+
+def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tensor | None = None,
+                src: int | None = None, peer: int | None = None, dst: int | None = None,
+                chunks: list | None = None, async_op: bool = False,
+                on_collective: OnCollective | None = None, label=None, reduce_op=dist.ReduceOp.SUM):
+    """Run one op on ``group`` (``None``: the default group) and report it to ``on_collective``.
+
+    - ``all_reduce``: sums ``tensor`` over the group, in place (``reduce_op=dist.ReduceOp.MAX``: the largest).
+    - ``broadcast``: ``tensor`` from the group's rank ``src`` (an in-group rank), in place.
+    - ``all_gather``: ``output`` (group size × ``tensor``'s numel) ← every rank's ``tensor``, in group order.
+    - ``reduce_scatter``: ``output`` ← this rank's slice of the sum of every rank's ``tensor``.
+    - ``send`` / ``recv``: ``tensor`` to / from the group's rank ``peer`` (in-group).
+    - ``scatter``: ``tensor`` ← chunk r of ``chunks``, the list of group-size tensors that only rank ``src``
+      gives (chapter 03: DataParallel's inputs leaving GPU 0).
+    - ``gather``: ``chunks`` (given on rank ``dst`` only) ← every rank's ``tensor``, in group order.
+    - ``reduce``: the sum of every rank's ``tensor`` lands in ``tensor`` on rank ``dst`` (other ranks'
+      buffers are left unspecified, as ``dist.reduce`` says).
+
+    Bytes recorded follow nccl-tests' "size" on every rank: the whole buffer (all-reduce, broadcast,
+    reduce, send/recv), the gathered output (all-gather, gather: group size × ``tensor``) or the input
+    before it is split (reduce-scatter, scatter: group size × ``tensor``).
+
+    ``reduce_op`` (all-reduce, reduce-scatter): ``dist.ReduceOp.SUM`` by default; ``AVG`` divides the sum by
+    the group's size (ZeRO averages gradients so, as FSDP2 does).
+
+    Returns ``None`` when synchronous; otherwise an object whose ``wait()`` returns once the op and its
+    report are done.
+    """
+    group = group if group is not None else dist.group.WORLD
+    start = time.perf_counter()
+    if op in ("scatter", "gather", "reduce"):
+        root = dist.get_global_rank(group, _need(src if op == "scatter" else dst,
+                                                 "src" if op == "scatter" else "dst", op))
+        mine = dist.get_rank() == root
+        if op == "scatter":
+            work = dist.scatter(tensor, chunks if mine else None, src=root, group=group, async_op=async_op)
+        elif op == "gather":
+            work = dist.gather(tensor, chunks if mine else None, dst=root, group=group, async_op=async_op)
+        else:
+            work = dist.reduce(tensor, root, op=reduce_op, group=group, async_op=async_op)
+    elif op == "all_reduce":
+        work = dist.all_reduce(tensor, op=reduce_op, group=group, async_op=async_op)
+    elif op == "broadcast":
+        work = dist.broadcast(tensor, src=dist.get_global_rank(group, _need(src, "src", op)), group=group,
+                              async_op=async_op)
+    elif op == "all_gather":
+        work = _all_gather(_need(output, "output", op), tensor, group=group, async_op=async_op)
+    elif op == "reduce_scatter":
+        work = _reduce_scatter(_need(output, "output", op), tensor, op=reduce_op, group=group, async_op=async_op)
+    elif op in ("send", "recv"):
+        other = dist.get_global_rank(group, _need(peer, "peer", op))
+        p2p = dist.isend if op == "send" else dist.irecv
+        work = p2p(tensor, other, group=group)
+        if not async_op:
+            work.wait()
+            work = None
+    else:
+        raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
+    if on_collective is None:
+        return work
+    # nccl-tests' size: the whole buffer; the gathered output for all-gather, the input for reduce-scatter
+    nbytes = (output if op == "all_gather" else tensor)
+    nbytes = nbytes.numel() * nbytes.element_size()
+    rank, group_rank, size = describe_group(group)
+    if op in ("scatter", "gather"):  # every rank holds one chunk; the buffer is all of them
+        nbytes *= size
+
+    def report(_=None):
+        on_collective(CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label))
+
+    if work is None:
+        report()
+        return None
+    if op in ("send", "recv"):  # gloo's point-to-point work has no future: report when waited for
+        return _ReportOnWait(work, report)
+    try:
+        future = work.get_future()
+    except RuntimeError:  # gloo's reduce-scatter has none either: a thread waits, so the end time is exact
+        return _ReportFromThread(work, report)
+    return future.then(report)  # runs when the collective completes
+
+
+def communicate_batch(messages, group=None, *, on_collective: OnCollective | None = None) -> list:
+    """Issue several sends and receives at once (``dist.batch_isend_irecv``) and report each, like
+    :func:`communicate`. Pipelines need this (chapter 06): a rank that sends its output and receives its
+    next input *in one batch* cannot wait for a neighbour that is doing the same the other way round.
+
+    ``messages``: ``(op, tensor, peer, label)`` tuples, ``op`` ``"send"`` or ``"recv"``, ``peer`` the
+    other rank's rank within ``group``. Returns one waitable per message, in order; each reports its
+    message to ``on_collective`` when waited for. Between two ranks, messages in one direction are matched
+    in the order they are issued. NCCL runs the batch as one group (one request for all of it); gloo
+    issues the messages one by one.
+    """
+    group = group if group is not None else dist.group.WORLD
+    if not messages:
+        return []
+    ops = []
+    for op, tensor, peer, _ in messages:
+        if op not in ("send", "recv"):
+            raise ValueError(f"a batch holds only 'send' and 'recv'; got {op!r}")
+        ops.append(dist.P2POp(dist.isend if op == "send" else dist.irecv, tensor, dist.get_global_rank(group, peer),
+                              group=group))
+    start = time.perf_counter()
+    works = dist.batch_isend_irecv(ops)
+    if len(works) != len(ops):  # NCCL coalesces the batch into one request; waiting for it again is allowed
+        works = [works[-1]] * len(ops)
+    rank, group_rank, size = describe_group(group)
+
+    def reporter(op, tensor, label):
+        def report():
+            if on_collective is not None:
+                on_collective(CommRecord(op, tensor.numel() * tensor.element_size(), size, start,
+                                         time.perf_counter(), rank, group_rank, label))
+        return report
+
+    return [_ReportOnWait(w, reporter(op, tensor, label)) for w, (op, tensor, _, label) in zip(works, messages)]
+
+
+class _ReportOnWait:
+    def __init__(self, work, report):
+        self.work, self.report, self.done = work, report, False
+
+    def wait(self):
+        self.work.wait()
+        if not self.done:
+            self.done = True
+            self.report()
+        return True
+
+
+class _ReportFromThread:
+    def __init__(self, work, report):
+        self.error = None
+        self.thread = threading.Thread(target=self._run, args=(work, report), daemon=True)
+        self.thread.start()
+
+    def _run(self, work, report):
+        try:
+            work.wait()
+            report()
+        except BaseException as exc:  # handed to whoever waits, on their own thread
+            self.error = exc
+
+    def wait(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+def _need(value, name, op):
+    if value is None:
+        raise ValueError(f"communicate({op!r}) needs {name}=")
+    return value

@@ -1,0 +1,144 @@
+"""`parlab run`: chapters run headless in their own folder, with CI or default parameters; a table at the end,
+executed notebooks and HTML in --output, and a non-zero exit when a chapter fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from parlab import course
+from parlab.export import export_function
+from parlab.launch import lease
+
+
+def _chapter(folder, name, *cells, ci=None):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}")]
+    for source in cells:
+        cell = nbformat.v4.new_code_cell(source)
+        if source.startswith("world_size ="):
+            cell.metadata["tags"] = ["parameters"]
+        nb.cells.append(cell)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    if ci is not None:
+        nb.metadata["parlab"] = {"ci_parameters": ci}
+    nbformat.write(nb, folder / f"{name}.ipynb")
+
+
+@pytest.fixture
+def small_course(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    (folder / "beside.txt").write_text("found")
+    _chapter(folder, "00_here", "world_size = 4",
+             # JupyterLab runs a notebook in its own folder; so must the runner, wherever it was started.
+             f"import os\nassert os.getcwd() == {str(folder)!r}, os.getcwd()\nassert open('beside.txt').read() == 'found'",
+             "print('ranks', world_size)", ci={"world_size": 2})
+    _chapter(folder, "01_broken", "world_size = 4", "x = 1", "1 / 0", "print('never')", ci={"world_size": 2})
+    _chapter(folder, "02_fine", "world_size = 4", "assert world_size == 2, world_size", ci={"world_size": 2})
+    return folder
+
+
+def _run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "parlab", "run", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+@pytest.mark.slow
+def test_runs_every_chapter_reports_a_table_and_fails_on_a_failure(small_course, tmp_path):
+    elsewhere = tmp_path / "elsewhere"  # not the notebooks' folder: each chapter still runs in its own
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    run = _run("--notebooks", str(small_course), "--ci", "--output", str(out), cwd=elsewhere)
+    assert run.returncode == 1, run.stdout + run.stderr
+    rows = [line.split("|")[1:3] for line in run.stdout.splitlines() if line.startswith("| 0")]
+    assert [(c.strip(), s.strip()) for c, s in rows] == [("00_here", "passed"), ("01_broken", "FAILED"),
+                                                         ("02_fine", "passed")]
+    assert "01_broken: In [4]: ZeroDivisionError: division by zero" in run.stdout
+    assert "| total" in run.stdout and "2/3 passed" in run.stdout
+    for name in ("00_here", "01_broken", "02_fine"):
+        assert (out / f"{name}.ipynb").exists() and (out / f"{name}.html").exists()
+    executed = nbformat.read(out / "00_here.ipynb", as_version=4)
+    assert "ranks 2" in "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    broken = nbformat.read(out / "01_broken.ipynb", as_version=4)  # the failing cell, with its traceback
+    assert any(o.get("ename") == "ZeroDivisionError" for c in broken.cells for o in c.get("outputs", []))
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["chapter"], s["passed"]) for s in summary] == [("00_here", True), ("01_broken", False),
+                                                              ("02_fine", True)]
+
+
+@pytest.mark.slow
+def test_default_parameters_and_a_selection(small_course, tmp_path):
+    out = tmp_path / "out"
+    run = _run("--notebooks", str(small_course), "--chapters", "2", "00", "--no-html", "--output", str(out),
+               cwd=tmp_path)
+    # without --ci, chapter 02 runs with its default world_size = 4 and its assert fails
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "02_fine: In [2]: AssertionError: 4" in run.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["00_here.ipynb", "02_fine.ipynb", "summary.json"]
+
+
+def test_an_unknown_chapter_is_named_with_the_ones_there(small_course, tmp_path):
+    with pytest.raises(ValueError, match=r"chapters: no chapter '7' in .*; there are 00_here, 01_broken, 02_fine"):
+        course.chapters(["7"], small_course)
+    assert [p.stem for p in course.chapters(["01_broken.ipynb", "0"], small_course)] == ["00_here", "01_broken"]
+    run = _run("--notebooks", str(small_course), "--chapters", "9", cwd=tmp_path)
+    assert run.returncode == 2 and "no chapter '9'" in run.stderr
+
+
+def test_an_empty_folder_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no chapters"):
+        course.chapters(None, tmp_path)
+
+
+def test_the_course_folder_is_found_from_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert (course.notebooks_dir() / "00_welcome.ipynb").exists()
+    assert course.chapters()[0].name == "00_welcome.ipynb"
+
+
+@pytest.mark.slow
+def test_require_gpu_fails_a_chapter_that_would_run_on_cpu(small_course, tmp_path, monkeypatch):
+    result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, ci=True, html=False, require_gpu=True)
+    assert not result.passed and result.seconds == 0.0
+    assert result.error.startswith("not run: world_size=2 would not run in GPU mode here (parlab: 2 ranks · gloo")
+    monkeypatch.setattr(lease, "_torch_device_count", lambda: 4)  # a GPU runner, as far as the plan can tell
+    monkeypatch.delenv("PARLAB_GPUS", raising=False)
+    result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, ci=True, html=False, require_gpu=True)
+    assert result.passed, result.error
+    # without --ci the chapter's own world_size = 4 counts: 4 GPUs suffice, 3 do not
+    assert course.world_size(nbformat.read(small_course / "02_fine.ipynb", as_version=4), {}) == 4
+    monkeypatch.setattr(lease, "_torch_device_count", lambda: 3)
+    result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, html=False, require_gpu=True)
+    assert not result.passed and "world_size=4 would not run in GPU mode" in result.error
+
+
+def test_export_finds_a_chapter_from_any_folder(tmp_path, monkeypatch):
+    # Chapter 00 exports one of its own functions by file name; that works wherever its kernel started.
+    monkeypatch.chdir(tmp_path)
+    assert "def total():" in export_function("00_welcome.ipynb", "total", script="total.py")
+    with pytest.raises(FileNotFoundError, match=r"'nowhere.ipynb': no such file in the working folder .*--cwd"):
+        export_function("nowhere.ipynb", "total")
+    assert os.getcwd() == str(tmp_path)
+
+
+@pytest.mark.slow
+def test_an_interrupt_stops_the_run_and_still_shows_the_table(tmp_path):
+    _chapter(tmp_path, "00_slow", "world_size = 2", "import time\ntime.sleep(600)")
+    _chapter(tmp_path, "01_after", "world_size = 2")
+    run = subprocess.Popen([sys.executable, "-m", "parlab", "run", "--notebooks", str(tmp_path), "--no-html",
+                            "--output", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True, cwd=tmp_path)
+    assert run.stdout.readline().startswith("parlab run: 2 chapter(s)")
+    assert run.stdout.readline().strip() == "[1/2] 00_slow ..."  # it has begun the chapter
+    run.send_signal(signal.SIGINT)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 1
+    assert "| 00_slow | FAILED |" in out.replace("  ", "") and "00_slow: interrupted" in out
+    assert "01_after" not in out

@@ -1,0 +1,191 @@
+"""Workshop mode: GPU leases on a shared machine (launch/lease.py), tested without GPUs through an injected
+device count. No two launches hold one GPU; a lease ends when its process ends, however it ends."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from parlab import cli
+from parlab.launch import LaunchError, lease, make_plan
+
+
+def eight():
+    return 8
+
+
+@pytest.fixture
+def box(tmp_path, monkeypatch):
+    """A machine with 8 GPUs and its own lock folder; returns the environment a learner's kernel has."""
+    monkeypatch.setattr(lease, "_torch_device_count", eight)
+    monkeypatch.setenv("PARLAB_GPU_LOCKS", str(tmp_path / "locks"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("PARLAB_GPUS", raising=False)
+    return {"PARLAB_GPU_LOCKS": str(tmp_path / "locks")}
+
+
+# -- the pool ------------------------------------------------------------------------------------------
+
+def test_without_parlab_gpus_nothing_is_leased(box):
+    assert lease.pool(box) is None and lease.pool_size(box) == 8
+    with lease.acquire(4, env=box) as held:
+        assert held.gpus == [] and held.env == {}
+    assert not os.path.exists(box["PARLAB_GPU_LOCKS"])
+
+
+def test_the_pool(box):
+    assert lease.pool({"PARLAB_GPUS": "auto"}) == [str(i) for i in range(8)]
+    assert lease.pool({"PARLAB_GPUS": "auto", "CUDA_VISIBLE_DEVICES": "4,5"}, eight) == ["4", "5"]
+    assert lease.pool({"PARLAB_GPUS": " 2, 3 "}, eight) == ["2", "3"]
+    assert lease.pool_size({"PARLAB_GPUS": "6,7,2"}, eight) == 3
+
+
+@pytest.mark.parametrize("value", ["2,,3", "two", "2,2", "-1"])
+def test_a_malformed_pool_is_named(box, value):
+    with pytest.raises(ValueError, match=f"PARLAB_GPUS must be 'auto' or .*got {value!r}"):
+        lease.pool({"PARLAB_GPUS": value}, eight)
+
+
+def test_a_gpu_the_machine_lacks_is_named(box):
+    with pytest.raises(ValueError, match=r"names GPU 8, but this machine has 8 GPU\(s\), numbered 0..7"):
+        lease.pool({"PARLAB_GPUS": "7,8"}, eight)
+    with pytest.raises(ValueError, match="this machine has none"):
+        lease.pool({"PARLAB_GPUS": "0"}, lambda: 0)
+
+
+def test_the_plan_sees_the_pool_not_the_machine(box, monkeypatch):
+    monkeypatch.setenv("PARLAB_GPUS", "2,3")
+    assert make_plan(2).backend == "nccl"
+    four = make_plan(4)  # 8 GPUs in the machine, but this learner was given 2
+    assert four.backend == "gloo" and "2 GPU(s) visible" in four.note
+    with pytest.raises(ValueError, match="world_size=4 but 2 GPU"):
+        make_plan(4, "nccl")
+
+
+# -- leases --------------------------------------------------------------------------------------------
+
+def test_two_launches_never_share_a_gpu(box):
+    env = dict(box, PARLAB_GPUS="0,1,2,3")
+    with lease.acquire(2, env=env, wait=0) as a, lease.acquire(2, env=env, wait=0) as b:
+        assert a.gpus == ["0", "1"] and b.gpus == ["2", "3"]
+        assert b.env == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        held = lease.holders_of(folder=box["PARLAB_GPU_LOCKS"])
+        assert list(held) == ["0", "1", "2", "3"] and all(h["pid"] == os.getpid() for h in held.values())
+        with pytest.raises(LaunchError, match=rf"1 free GPU\(s\) needed .* only 0 were free\. Held: GPU 0 by "
+                                              rf".*\(pid {os.getpid()}"):
+            lease.acquire(1, env=env, wait=0)
+    with lease.acquire(4, env=env, wait=0) as c:  # released on exit from the with blocks
+        assert c.gpus == ["0", "1", "2", "3"]
+    assert set(lease.holders_of(folder=box["PARLAB_GPU_LOCKS"]).values()) == {None}
+
+
+def test_more_ranks_than_the_pool_is_an_error(box):
+    with pytest.raises(LaunchError, match=r"world_size=3 needs 3 GPUs, but PARLAB_GPUS='5,6' gives this session 2"):
+        lease.acquire(3, env=dict(box, PARLAB_GPUS="5,6"), wait=0)
+
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from parlab.launch import lease
+    held = lease.acquire(int(sys.argv[1]), env={"PARLAB_GPUS": sys.argv[2], "PARLAB_GPU_LOCKS": sys.argv[3]},
+                         device_count=lambda: 8, wait=0, what="holder")
+    print(",".join(held.gpus), flush=True)
+    sys.stdin.readline()  # hold until told; a crash test kills us here instead
+""")
+
+
+def _holder(box, n, gpus):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(n), gpus, box["PARLAB_GPU_LOCKS"]],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()  # the line comes once the lease is held
+
+
+def test_a_crashed_holder_frees_its_gpus(box):
+    proc, gpus = _holder(box, 2, "auto")
+    assert gpus == "0,1"
+    held = lease.holders_of(folder=box["PARLAB_GPU_LOCKS"])
+    assert held["0"]["pid"] == proc.pid and held["0"]["what"] == "holder"
+    with pytest.raises(LaunchError, match=rf"pid {proc.pid}"):
+        lease.acquire(1, env=dict(box, PARLAB_GPUS="0,1"), wait=0)
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up, like a kernel the OOM killer ends
+    proc.wait()
+    with lease.acquire(2, env=dict(box, PARLAB_GPUS="0,1"), wait=0) as again:
+        assert again.gpus == ["0", "1"]
+
+
+def test_a_launch_waits_for_gpus_then_takes_them(box):
+    proc, _ = _holder(box, 8, "auto")  # someone holds every GPU
+    said = []
+
+    def told(line):  # the lease says it waits: only then does the holder let go
+        said.append(line)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+
+    with lease.acquire(2, env=dict(box, PARLAB_GPUS="auto"), wait=60, echo=told) as held:
+        assert held.gpus == ["0", "1"]
+    proc.wait()
+    assert len(said) == 1 and said[0].startswith("parlab: waiting for 2 free GPU(s) of 0, 1, 2")
+    assert f"GPU 0 by " in said[0] and f"pid {proc.pid}" in said[0]
+
+
+def test_launches_in_threads_take_turns(box):
+    """Four threads ask for 2 of 2 GPUs at once: each gets them in turn, never two at a time."""
+    env = dict(box, PARLAB_GPUS="0,1")
+    inside, most, errors = [0], [0], []
+    count = threading.Lock()
+
+    def one():
+        try:
+            with lease.acquire(2, env=env, wait=60, echo=lambda line: None):
+                with count:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                lease.holders_of(folder=box["PARLAB_GPU_LOCKS"])  # some work while holding
+                with count:
+                    inside[0] -= 1
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [] and most[0] == 1
+
+
+def test_check_shows_who_holds_which_gpu(box, monkeypatch):
+    monkeypatch.setenv("PARLAB_GPUS", "auto")
+    proc, gpus = _holder(box, 2, "2,3")
+    try:
+        text, usable = cli.leases()
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait()
+    assert usable == 8
+    rows = dict(re.findall(r"^GPU (\S+)\s{2,}(.*)$", text, re.M))
+    assert rows["0"] == "free" and rows["7"] == "free"
+    assert rows["2"].startswith("held by ") and f"pid {proc.pid}, holder" in rows["2"] and gpus == "2,3"
+
+
+def test_check_fails_on_a_malformed_pool(box, monkeypatch):
+    monkeypatch.setenv("PARLAB_GPUS", "1,1")
+    text, usable = cli.leases()
+    assert usable is None and "INVALID" in text
+
+
+def test_a_lock_file_nobody_may_write_is_named(box, tmp_path):
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    (folder / "gpu-0.lock").symlink_to(tmp_path / "elsewhere")  # never followed, nor truncated
+    with pytest.raises(LaunchError, match=r"cannot open the GPU lock file .*gpu-0.lock .*PARLAB_GPU_LOCKS"):
+        lease.acquire(1, env=dict(box, PARLAB_GPUS="0"), wait=0)

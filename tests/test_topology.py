@@ -1,0 +1,65 @@
+"""The topology: sizes checked once, coordinates and groups by arithmetic, and the DeviceMesh it builds."""
+
+import pytest
+import torch.distributed as dist
+
+import parlab
+from parlab.parallel import AXES, Topology
+
+
+def test_coordinates_and_groups_by_arithmetic():
+    t = Topology(dp=2, tp=2, pp=2)
+    assert t.world_size == 8
+    assert t.coords(5) == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
+    assert t.rank_at(pp=1, tp=1) == 5
+    assert [t.rank_at(**t.coords(r)) for r in range(8)] == list(range(8))
+    assert t.group_ranks("tp", 5) == [4, 5]  # tp innermost: neighbours, one node
+    assert t.group_ranks("dp", 5) == [5, 7]
+    assert t.group_ranks("pp", 5) == [1, 5]
+    assert t.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    for axis in AXES:  # every rank is in exactly one group per axis
+        assert sorted(r for g in t.groups(axis) for r in g) == list(range(8))
+    assert "rank 5: pp=1, dp=0, tp=1" in t.describe()
+
+
+def test_infer_checks_sizes_once_with_one_message():
+    assert Topology.infer(8, tp=2) == Topology(dp=4, tp=2)
+    assert Topology.infer(8, tp=2, pp=2).dp == 2
+    with pytest.raises(ValueError, match=r"world_size=6 is not a multiple of tp × pp × cp = 4 × 1 × 1"):
+        Topology.infer(6, tp=4)
+    with pytest.raises(ValueError, match=r"pp × dp × cp × tp = 1 × 3 × 1 × 2 = 6 ranks, but world_size=4"):
+        Topology.infer(4, dp=3, tp=2)
+    with pytest.raises(ValueError, match=r"tp must be a positive int .*got 0"):
+        Topology(tp=0)
+    with pytest.raises(ValueError, match="axis='ep' is not an axis"):
+        Topology(dp=2).groups("ep")
+    with pytest.raises(ValueError, match=r"rank=4 must be an int in 0..3"):
+        Topology(dp=4).coords(4)
+    with pytest.raises(RuntimeError, match="no DeviceMesh"):
+        Topology(dp=2).group("dp")
+
+
+def _on_ranks():
+    t = Topology.build(tp=2, pp=2)
+    r = dist.get_rank()
+    mine = {a: t.coord(a) for a in AXES}
+    groups = {a: dist.get_process_group_ranks(t.group(a)) for a in AXES}
+    return r, mine, groups, t.pp_stage, t.is_first_stage, t.is_last_stage, t.submesh("tp").size()
+
+
+def test_built_mesh_agrees_with_the_arithmetic():
+    pure = Topology(dp=1, tp=2, pp=2)
+    for r, mine, groups, stage, first, last, tp_size in parlab.launch(_on_ranks, 4, announce=False):
+        assert mine == pure.coords(r)
+        assert groups == {a: pure.group_ranks(a, r) for a in AXES}
+        assert (stage, first, last) == (mine["pp"], mine["pp"] == 0, mine["pp"] == 1)
+        assert tp_size == 2
+
+
+def _wrong_world():
+    return Topology.build(tp=3)
+
+
+def test_build_names_the_mismatch():
+    with pytest.raises(parlab.RankError, match="world_size=4 is not a multiple of tp × pp × cp = 3"):
+        parlab.launch(_wrong_world, 4, announce=False, output="none")

@@ -73,8 +73,8 @@ class Parallelized:
             loss.backward()
         else:
             first, last = topo.is_first_stage, topo.is_last_stage
-            if self.stage is None:  # the course's executor
-                losses = self.pipeline.step(x if first else None, y if last else None, timeline=timeline)
+            if self.stage is None:  # the course's executor: it takes what its stages need of x and y
+                losses = self.pipeline.step(x, y, timeline=timeline)
             else:
                 from parlab.parallel.pipeline import record_stage
 
@@ -239,8 +239,7 @@ class _LazyPipeline:
         if self.executor is None:
             from parlab.parallel.pipeline import Pipeline
 
-            batch = x if x is not None else y
-            micro = batch[: batch.shape[0] // self.schedule.num_micro_batches]
+            micro = x[: x.shape[0] // self.schedule.num_micro_batches]
             self.executor = Pipeline([self.stage], self.schedule, activation_shape=self.shape_of(micro), **self.kwargs)
         return self.executor.step(x, y, timeline=timeline)
 

@@ -141,3 +141,20 @@ def test_chapters_take_their_link_figures_from_the_planner(chapter):
     for line in code.splitlines():
         assert not re.search(r"\d(\.\d+)?e9\b.*\d(\.\d+)?e-6\b|\d(\.\d+)?e-6\b.*\d(\.\d+)?e9\b", line), \
             f"{chapter}: a link figure stated in place: {line.strip()}"
+
+
+def test_the_strategy_tools_labels_are_layouts():
+    from parlab.bench.mixes import Mix, layout_on
+
+    assert planner.layout_of("TP 8 × PP 2 × DP 2 + ZeRO-1") == planner.Layout(dp=2, tp=8, pp=2, zero_stage=1)
+    assert planner.layout_of("DDP ×32") == planner.Layout(dp=32)
+    assert planner.layout_of("ZeRO-3 ×8") == planner.Layout(dp=8, zero_stage=3)
+    assert planner.layout_of("PP 8 × DP 1") == planner.Layout(pp=8)
+    assert planner.layout_of("ZeRO ×8") is None  # the stage left open: measure
+    with pytest.raises(ValueError, match="names no layout"):
+        planner.layout_of("whatever fits")
+    # on this machine's ranks: the same axes, model-parallel axes of 2, data parallel over the rest
+    assert layout_on("TP 8 × PP 2 × DP 2 + ZeRO-1", 8) == Mix(dp=2, tp=2, pp=2, zero_stage=1)
+    assert layout_on("TP 8 × PP 2 × DP 2 + ZeRO-1", 4) == Mix(tp=2, pp=2)  # no dp left: no ZeRO
+    assert layout_on("PP 8 × DP 1", 8) == Mix(dp=4, pp=2)
+    assert layout_on("ZeRO-3 ×256", 4) == Mix(dp=4, zero_stage=3)

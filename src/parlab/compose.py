@@ -210,6 +210,9 @@ def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwarg
         # forward and backward instead of gathering them again for every micro-batch.
         for block in kind.blocks(part):
             fully_shard(block, mesh=topology.submesh("dp"), reshard_after_forward=not pipelined)
+        # FSDP2 hooks backward onto the output and warns if it is a view (DTensor's logits are): hand it a copy
+        part.register_forward_hook(lambda module, args, out: out.clone() if getattr(out, "_base", None) is not None
+                                   else out)
         fully_shard(part, mesh=topology.submesh("dp"), reshard_after_forward=not pipelined)
     elif how == "ddp":
         from torch.nn.parallel import DistributedDataParallel

@@ -115,9 +115,7 @@ class LogitsOf(nn.Module):
         self.lm = model
 
     def forward(self, ids):
-        logits = self.lm(input_ids=ids).logits  # (batch, seq, vocab), or this rank's vocab / tp of it
-        # FSDP2 hooks backward onto the output and warns about a view (DTensor returns one): a copy instead
-        return logits if logits._base is None else logits.clone()
+        return self.lm(input_ids=ids).logits  # (batch, seq, vocab), or this rank's vocab / tp of it
 
 
 class Decoder:

@@ -28,6 +28,7 @@ stage can hide behind. Memory per rank is :func:`parlab.measure.estimate_memory`
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 from parlab.checks import positive_int
@@ -296,9 +297,12 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster) -> Prediction:
     dp_bytes = {0: grad_bytes, 1: 2 * grad_bytes, 2: (m + 1) * grad_bytes, 3: 3 * m * grad_bytes}[layout.zero_stage]
     bytes_by_axis = {"dp": dp_bytes if dp > 1 else 0, "tp": 4 * layers * m * activation if tp > 1 else 0,
                      "pp": 2 * m * activation if pp > 1 else 0}
-    memory = estimate_memory(w.config, precision=w.precision, optimizer=w.optimizer, world_size=topo.world_size,
-                             zero_stage=layout.zero_stage, tp_size=tp, pp_size=pp, micro_batch=w.micro_batch,
-                             seq_len=w.seq_len, checkpointing=w.checkpointing)
+    c = w.config  # its sizes given, so that the estimator need not build the model again for every layout
+    memory = estimate_memory(num_params=w.num_params, precision=w.precision, optimizer=w.optimizer,
+                             world_size=topo.world_size, zero_stage=layout.zero_stage, tp_size=tp, pp_size=pp,
+                             micro_batch=w.micro_batch, seq_len=w.seq_len, hidden=c.hidden_size,
+                             layers=c.num_hidden_layers, heads=c.num_attention_heads, vocab=c.vocab_size,
+                             checkpointing=w.checkpointing)
     return Prediction(layout, memory, step, parts, bytes_by_axis, (pp - 1) / slots, m,
                       memory.total <= cluster.gpu.memory)
 
@@ -316,6 +320,20 @@ def candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3)) -
             for stage in zero_stages if dp > 1 else (0,):
                 out.append(predict(workload, Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage), cluster))
     return sorted(out, key=lambda p: (not p.fits, p.step_s))
+
+
+def layout_of(label: str) -> Layout | None:
+    """The layout a ``parlab.advice`` recommendation names: ``"TP 8 × PP 2 × DP 2 + ZeRO-1"``, ``"DDP ×32"``,
+    ``"ZeRO-3 ×8"``, ``"PP 8 × DP 1"``; ``None`` for one that leaves the stage open (``"ZeRO ×8"``: measure)."""
+    zero = re.search(r"ZeRO-(\d)", label)
+    stage = int(zero.group(1)) if zero else 0
+    whole = re.match(r"(DDP|ZeRO(?:-\d)?) ×(\d+)", label)
+    if whole:
+        return None if whole.group(1) == "ZeRO" else Layout(dp=int(whole.group(2)), zero_stage=stage)
+    axes = {name.lower(): int(size) for name, size in re.findall(r"\b(TP|PP|DP) (\d+)", label)}
+    if not axes:
+        raise ValueError(f"label={label!r} names no layout (e.g. 'TP 8 × PP 2 × DP 2 + ZeRO-1', 'DDP ×8')")
+    return Layout(**axes, zero_stage=stage)
 
 
 def cluster_of(name: str, nodes: int = 1, **changes) -> Cluster:

@@ -11,7 +11,6 @@ for a cluster down to this machine's ranks, keeping its axes.
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -46,6 +45,9 @@ class Mix:
     def parallelize_kwargs(self) -> dict:
         """The course's strategy on every axis, FSDP2 for ZeRO-3 (the course's ZeRO-3 takes one backward
         per step, so it does not compose with a pipeline), the course's DDP for plain data parallelism."""
+        if self.zero_stage == 2:
+            raise ValueError("zero_stage=2: parallelize has no ZeRO-2 (it reduce-scatters once per backward, so not "
+                             "with a pipeline's micro-batches); use 1, or 3 (FSDP2)")
         dp = {0: "course-ddp", 1: "course-zero1", 3: "fsdp"}[self.zero_stage]
         return {**COURSE, "data_parallel": dp, **dict(self.how)}
 
@@ -121,22 +123,91 @@ def num_params(cfg: dict) -> int:
 
 
 def layout_on(label: str, world_size: int) -> Mix | None:
-    """The layout a recommendation names (``"TP 8 × PP 2 × DP 2 + ZeRO-1"``, ``"DDP ×32"``, ``"ZeRO-3 ×8"``,
-    ``"PP 8 × DP 1"``), on ``world_size`` ranks: the same axes, each model-parallel axis of size 2 (the
-    tiny model's 4 layers and 4 heads), data parallelism over the rest. ``None`` for a recommendation
-    without a layout ("ZeRO ×N: measure")."""
-    axes = {name.lower(): int(size) for name, size in re.findall(r"\b(TP|PP|DP) (\d+)", label)}
-    zero = re.search(r"ZeRO-(\d)", label)
-    stage = int(zero.group(1)) if zero else 0
-    if label.startswith("DDP"):
-        return Mix(dp=world_size)
-    if label.startswith("ZeRO-3"):
-        return Mix(dp=world_size, zero_stage=3)
-    if not axes:
+    """The layout a recommendation names (``parlab.planner.layout_of``), on ``world_size`` ranks: the same
+    axes, each model-parallel axis of size 2 (the tiny model has 4 layers and 4 heads), data parallelism
+    over the rest. ``None`` for a recommendation without a layout ("ZeRO ×N: measure")."""
+    from parlab.planner import layout_of
+
+    layout = layout_of(label)
+    if layout is None:
         return None
-    tp = 2 if axes.get("tp", 1) > 1 else 1
-    pp = 2 if axes.get("pp", 1) > 1 else 1
+    tp, pp = (2 if layout.tp > 1 else 1), (2 if layout.pp > 1 else 1)
     if world_size % (tp * pp):
         raise ValueError(f"{label!r} needs tp × pp = {tp * pp} to divide world_size={world_size}")
     dp = world_size // (tp * pp)
-    return Mix(dp=dp, tp=tp, pp=pp, zero_stage=stage if dp > 1 else 0)
+    return Mix(dp=dp, tp=tp, pp=pp, zero_stage=layout.zero_stage if dp > 1 else 0)
+
+
+def run_many(runs: list, cfg: dict) -> list[dict]:
+    """On every rank: :func:`run` for each ``(mix, changes to cfg)`` in turn, in one launch."""
+    return [run(mix, {**cfg, **changes}) for mix, changes in runs]
+
+
+def summarize(mix: Mix, results: list[dict], cfg: dict) -> dict:
+    """What the ranks of one :func:`run` measured, beside what predicts it: the most memory any rank holds
+    and ``estimate_memory``'s figure (fp32 AdamW model states), the bytes a rank sends per step on each axis
+    (the most over ranks), the step time, and the bubble of the pipeline that holds rank 0 (measured on
+    its timeline, and (p − 1)/(m + p − 1))."""
+    from parlab.measure import estimate_memory
+    from parlab.parallel import pipeline_schedule as ps
+
+    estimate = estimate_memory(num_params=num_params(cfg), optimizer="adamw", world_size=len(results),
+                               tp_size=mix.tp, pp_size=mix.pp, zero_stage=mix.zero_stage if mix.dp > 1 else 0)
+    axes = ("dp", "tp", "pp")
+    row = {"layout": mix.label, "memory": max(r["memory"]["total"] for r in results),
+           "estimate": estimate.model_states, "step_s": results[0]["step_s"],
+           "bytes": {a: max(sum(r["bytes"][a].values()) for r in results) for a in axes}, "bubble": None,
+           "bubble_formula": None}
+    if mix.pp > 1:
+        first = [r for r in results if r["coords"]["dp"] == 0 and r["coords"]["tp"] == 0]
+        row["bubble"] = ps.bubble_fraction([e for r in first for e in r["events"]])
+        row["bubble_formula"] = ps.bubble_formula(mix.pp, cfg["micro_batches"])
+    return row
+
+
+def calibrate(cfg: dict, sequences: int = 2, reps: int = 3) -> dict:
+    """On every rank at once (the cores shared as in training): what ``parlab.planner`` needs to know of this
+    machine. ``flops``: 6Ψ·tokens over the time of a forward and backward of :func:`make_model` on
+    ``sequences`` sequences; ``memory_bandwidth``: 32 bytes per parameter over an AdamW step's time;
+    ``alpha`` and ``bandwidth``: chapter 02's fit of one message between two ranks (a broadcast within
+    pairs, every pair at once). The slowest rank's figures."""
+    from parlab import planner
+    from parlab.measure import fit_alpha_beta, sweep
+    from parlab.models import token_batch
+    from parlab.parallel import Topology
+
+    model = make_model(cfg)
+    psi = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    ids = token_batch(sequences, cfg["seq_len"], cfg["vocab_size"], seed=0)
+    compute, update = [], []
+    for _ in range(reps + 1):  # the first, untimed, creates the optimizer's state
+        dist.barrier()
+        start = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        middle = time.perf_counter()
+        opt.step()
+        opt.zero_grad()
+        compute.append(middle - start)
+        update.append(time.perf_counter() - middle)
+    pairs = Topology.build(tp=2).group("tp") if dist.get_world_size() % 2 == 0 else None
+    points = sweep("broadcast", sizes=[1 << k for k in range(12, 21, 2)], iters=5, group=pairs)
+    alpha, beta = fit_alpha_beta([p.bytes for p in points], [p.seconds for p in points])
+    slowest = torch.tensor([statistics.median(compute[1:]), statistics.median(update[1:]), alpha, beta])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    f, u, alpha, beta = slowest.tolist()
+    return {"flops": 6 * psi * sequences * cfg["seq_len"] / f,
+            "memory_bandwidth": planner.OPTIMIZER_BYTES_PER_PARAM * psi / u,
+            "alpha": alpha, "bandwidth": 1 / beta if beta > 0 else float("inf")}
+
+
+def this_machine(calibration: dict, world_size: int):
+    """``parlab.planner.Cluster`` of this machine's ranks, from :func:`calibrate`: one node, one link, the
+    figures reached (utilisation 1), and no overlap (ranks' computation and gloo share the same cores)."""
+    from parlab import planner
+
+    rank = planner.GPU("a CPU rank of this machine", float("inf"), calibration["flops"],
+                       calibration["memory_bandwidth"], "measured by parlab.bench.mixes.calibrate")
+    link = planner.Link("gloo, this machine", calibration["alpha"], calibration["bandwidth"],
+                        "fitted here (chapter 02's sweep and fit_alpha_beta)")
+    return planner.Cluster(gpu=rank, gpus_per_node=world_size, intra=link, inter=link, utilization=1.0, overlap=False)

@@ -102,13 +102,19 @@ def run(mix: Mix, cfg: dict) -> dict:
         dist.barrier()
         start = time.perf_counter()
         step()
+        _sync()
         seconds.append(time.perf_counter() - start)
-    slowest = torch.tensor([statistics.median(seconds)])
+    slowest = torch.tensor([statistics.median(seconds)], device=runtime.device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank does
     timeline = Timeline()
     step(timeline)
     return {"losses": losses, "coords": {a: topo.coord(a) for a in ("pp", "dp", "tp")}, "memory": memory,
             "bytes": sent, "step_s": slowest.item(), "events": timeline.events}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # GPU work is asynchronous: wait for it
+        torch.cuda.synchronize()
 
 
 def reference(cfg: dict) -> list[float]:
@@ -176,24 +182,29 @@ def calibrate(cfg: dict, sequences: int = 2, reps: int = 3) -> dict:
     from parlab.models import token_batch
     from parlab.parallel import Topology
 
-    model = make_model(cfg)
+    from parlab import runtime
+
+    model = make_model(cfg).to(runtime.device())
     psi = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
-    ids = token_batch(sequences, cfg["seq_len"], cfg["vocab_size"], seed=0)
+    ids = token_batch(sequences, cfg["seq_len"], cfg["vocab_size"], seed=0).to(runtime.device())
     compute, update = [], []
     for _ in range(reps + 1):  # the first, untimed, creates the optimizer's state
         dist.barrier()
         start = time.perf_counter()
         model(input_ids=ids, labels=ids).loss.backward()
+        _sync()
         middle = time.perf_counter()
         opt.step()
         opt.zero_grad()
+        _sync()
         compute.append(middle - start)
         update.append(time.perf_counter() - middle)
     pairs = Topology.build(tp=2).group("tp") if dist.get_world_size() % 2 == 0 else None
     points = sweep("broadcast", sizes=[1 << k for k in range(12, 21, 2)], iters=5, group=pairs)
     alpha, beta = fit_alpha_beta([p.bytes for p in points], [p.seconds for p in points])
-    slowest = torch.tensor([statistics.median(compute[1:]), statistics.median(update[1:]), alpha, beta])
+    slowest = torch.tensor([statistics.median(compute[1:]), statistics.median(update[1:]), alpha, beta],
+                           device=runtime.device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     f, u, alpha, beta = slowest.tolist()
     return {"flops": 6 * psi * sequences * cfg["seq_len"] / f,

@@ -1,11 +1,16 @@
 """Strategies composed on a mesh through ``parlab.compose.parallelize`` train exactly like one process.
 
-The required 2-D case: the course's own DDP (chapter 03) on the ``dp`` axis, DTensor tensor parallelism on
-the ``tp`` axis, both given their group by the topology; same losses as one process and as PyTorch's
-FSDP2 + TP, and every gradient byte counted on its dp group.
+The residual MLP stack: the course's own DDP (chapter 03) on the ``dp`` axis beside DTensor tensor
+parallelism on the ``tp`` axis, every gradient byte counted on its dp group, and PyTorch's mixes.
+A transformers decoder (GPT-2; Llama where no pipeline is needed): DP×TP, DP×PP and PP×TP on 4 ranks,
+DP×PP×TP on 8, each with the course's strategies (ZeRO-1, Megatron TP, the pipeline executor) and with
+PyTorch's (FSDP2, DTensor, pipelining), against one process; every collective filed under the axis whose
+ranks it ran on; a planted bug (replicas sharding the batch by the wrong axis) that the same assertion catches.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -13,7 +18,7 @@ from torch.testing import assert_close
 
 import parlab
 from parlab.builtin import train_2d
-from parlab.compose import parallelize
+from parlab.compose import COURSE, PYTORCH, parallelize
 from parlab.parallel import Topology
 from parlab.training import make_model, train, train_single
 
@@ -97,3 +102,146 @@ def _three_stages():
 def test_a_pipeline_needs_equal_stages():
     with pytest.raises(parlab.RankError, match="pp=3 stages splits an nn.Sequential into equal runs"):
         parlab.launch(_three_stages, 3, announce=False, output="none")
+
+
+# -- a transformers decoder under every mix, the course's strategies and PyTorch's -------------------------
+
+SEQ, VOCAB, BATCH = 8, 64, 8  # BATCH: sequences per step, divisible by dp × micro-batches
+OPT = {"optimizer": torch.optim.AdamW, "optimizer_kwargs": {"lr": 1e-2}}  # Adam: state for ZeRO-1 to shard
+# what each axis may issue in a step: ZeRO's and FSDP's shards; TP's sums (and DTensor's gathered logits);
+# the pipeline's messages (and the course's executor's barrier when it is built, at the first step)
+AXIS_OPS = {"dp": {"reduce_scatter", "all_gather"}, "tp": {"all_reduce", "all_gather"},
+            "pp": {"send", "recv", "barrier"}}
+
+
+def gpt2():
+    from parlab.models import tiny_gpt2
+
+    return tiny_gpt2(n_layer=4, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=SEQ, tie_word_embeddings=False)
+
+
+def llama():
+    from parlab.models import tiny_llama
+
+    return tiny_llama(n_layer=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab_size=VOCAB, n_positions=SEQ)
+
+
+def token_batches(steps):
+    from parlab.models import token_batch
+
+    return [(t, t) for t in (token_batch(BATCH, SEQ, VOCAB, seed=s) for s in range(steps))]
+
+
+def _decoder_mix(make, sizes, how, steps, bug=False):
+    """Train ``steps`` steps on this rank; returns the losses and {(axis, op, group size)} of every
+    collective and message a step issued (comm_by_axis): which groups talked, and with what."""
+    from parlab.compose import comm_by_axis
+    from parlab.models import shard
+
+    topo = Topology.build(**sizes)
+    parts = parallelize(make(), topo, num_micro_batches=2, **OPT, **how)
+    # the planted bug: each replica takes the batch slice of its *tp* coordinate, not of its dp one
+    slice_of = topo.coord("tp" if bug else "dp")
+    losses, seen = [], set()
+    for batch in token_batches(steps):
+        x, y = shard(batch, slice_of, topo.dp)
+        parts.zero_grad()
+        with comm_by_axis(topo) as axes:
+            loss = parts.forward_backward(x, y)
+            parts.step()
+        losses.append(parts.global_loss(loss))
+        seen |= {(axis, r.op, r.group_size) for axis, records in axes.items() for r in records}
+    return losses, seen
+
+
+MODELS = {"gpt2": gpt2, "llama": llama}
+DECODER_MIXES = {  # name: (model, mesh sizes, how)
+    "dp2 x tp2, course": ("gpt2", {"tp": 2}, COURSE),
+    "dp2 x tp2, pytorch": ("gpt2", {"tp": 2}, PYTORCH),
+    "dp2 x pp2, course": ("gpt2", {"pp": 2}, COURSE),
+    "dp2 x pp2, pytorch": ("gpt2", {"pp": 2}, PYTORCH),
+    "pp2 x tp2, course": ("gpt2", {"pp": 2, "tp": 2}, COURSE),
+    "pp2 x tp2, pytorch": ("gpt2", {"pp": 2, "tp": 2}, PYTORCH),
+    "llama dp2 x tp2, course": ("llama", {"tp": 2}, COURSE),
+    "llama dp2 x tp2, pytorch": ("llama", {"tp": 2}, PYTORCH),
+    # one axis PyTorch's, the others the course's
+    "dp2 x tp2, fsdp + course tp": ("gpt2", {"tp": 2}, {**COURSE, "data_parallel": "fsdp"}),
+    "dp2 x pp2, course zero1 + torch 1f1b": ("gpt2", {"pp": 2}, {**COURSE, "pipeline": "torch", "schedule": "1f1b"}),
+    "dp2 x pp2, fsdp + course 1f1b": ("gpt2", {"pp": 2}, {**COURSE, "data_parallel": "fsdp", "schedule": "1f1b"}),
+}
+PLANTED = "dp2 x tp2, course"
+STEPS_3D = 2
+
+
+def _all_decoder_mixes(names, bug, steps):
+    out = {name: _decoder_mix(MODELS[DECODER_MIXES[name][0]], *DECODER_MIXES[name][1:], steps) for name in names}
+    out["bug"] = _decoder_mix(MODELS[DECODER_MIXES[bug][0]], *DECODER_MIXES[bug][1:], steps, bug=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def decoder_references():
+    from parlab.training import train_reference
+
+    return {name: train_reference(make(), token_batches(STEPS), **OPT) for name, make in MODELS.items()}
+
+
+def _check_mix(name, sizes, result, reference):
+    losses, seen = result
+    assert_close(torch.tensor(losses), torch.tensor(reference), msg=lambda m: f"{name}: {m}")
+    talked = {(axis, op) for axis, op, _ in seen}
+    # every axis with more than one rank talked, each with its own kind of op, on groups of its size only
+    for axis, size in Topology(**sizes).sizes.items():
+        ops = {op for a, op in talked if a == axis}
+        assert (size > 1) == bool(ops), f"{name}: axis {axis} of size {size} issued {ops or 'nothing'}"
+        assert ops <= AXIS_OPS.get(axis, set()), f"{name}: axis {axis} issued {ops - AXIS_OPS[axis]}"
+        assert {g for a, _, g in seen if a == axis} <= {size}, name
+    assert not any(a == "world" for a, _ in talked), f"{name}: a collective ran on the whole world"
+
+
+def test_decoder_mixes_on_four_ranks_equal_one_process(decoder_references):
+    from parlab.launch import preload
+
+    preload("torch._dynamo", "torch.distributed.pipelining", "transformers.models.gpt2.modeling_gpt2")
+    per_rank = parlab.launch(_all_decoder_mixes, 4, args=(list(DECODER_MIXES), PLANTED, STEPS), timeout=600,
+                             announce=False, output="none")
+    for name, (model, sizes, _) in DECODER_MIXES.items():
+        for rank, results in enumerate(per_rank):
+            _check_mix(f"{name}, rank {rank}", {"dp": 4 // math.prod(sizes.values()), **sizes}, results[name],
+                       decoder_references[model])
+    for results in per_rank:  # the planted bug: the same assertion fails
+        with pytest.raises(AssertionError, match="Tensor-likes are not close"):
+            assert_close(torch.tensor(results["bug"][0]), torch.tensor(decoder_references["gpt2"]))
+
+
+def test_three_d_on_eight_ranks_equals_one_process(decoder_references):
+    """DP × PP × TP = 2 × 2 × 2, the course's strategies and PyTorch's, 2 steps of the tiny GPT-2 (8 ranks
+    on the 2-core test machine: 5 s)."""
+    from parlab.launch import preload
+
+    preload("torch._dynamo", "torch.distributed.pipelining", "transformers.models.gpt2.modeling_gpt2")
+    sizes = {"dp": 2, "pp": 2, "tp": 2}
+    mixes = {"3d, course": COURSE, "3d, pytorch": PYTORCH}
+    per_rank = parlab.launch(_three_d, 8, args=(sizes, mixes), timeout=600, announce=False, output="none")
+    for name in mixes:
+        for rank, results in enumerate(per_rank):
+            _check_mix(f"{name}, rank {rank}", sizes, results[name], decoder_references["gpt2"][:STEPS_3D])
+
+
+def _three_d(sizes, mixes):
+    return {name: _decoder_mix(gpt2, sizes, how, STEPS_3D) for name, how in mixes.items()}
+
+
+def _bad_decoder(sizes, how):
+    return parallelize(llama() if how.pop("llama", False) else gpt2(), Topology.build(**sizes), **how)
+
+
+@pytest.mark.parametrize("sizes, how, message", [
+    ({"tp": 2}, {"data_parallel": "course-zero1"}, "ZeRO-1 lays parameters into one flat buffer"),
+    ({"pp": 2}, {"llama": True}, "pipeline stages exist for GPT-2"),
+    ({"tp": 2}, {"tensor_parallel": "megatron"}, "tensor_parallel='megatron'; choose one of 'dtensor', 'course'"),
+    ({"pp": 2}, {"pipeline": "dualpipe"}, "pipeline='dualpipe'; choose one of 'torch', 'course'"),
+])
+def test_bad_decoder_layouts_say_what_is_allowed(sizes, how, message):
+    with pytest.raises(parlab.RankError, match=message):
+        parlab.launch(_bad_decoder, 4, args=(sizes, how), announce=False, output="none")

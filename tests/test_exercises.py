@@ -250,3 +250,52 @@ def test_peak_activations_check_both_ways():
     assert "all 6" in repr(check_peak_activations(peak))
     with pytest.raises(ExerciseFailed, match=r"\(F0 I0 F1 W0 I1 F2 W1 I2 W2\): expected 2, got 1"):  # planted: I frees
         check_peak_activations(lambda ops: peak(ops, frees=("B", "I")))
+
+
+def test_group_ranks_check_both_ways():
+    from parlab.exercises import check_group_ranks
+
+    def group_ranks(rank, axis, sizes):
+        strides = {"tp": 1, "dp": sizes["tp"], "pp": sizes["tp"] * sizes["dp"]}
+        coord = rank // strides[axis] % sizes[axis]
+        return [rank + (i - coord) * strides[axis] for i in range(sizes[axis])]
+
+    assert "all 150 groups" in repr(check_group_ranks(group_ranks))
+
+    def blocks(rank, axis, sizes):  # planted: every axis taken as contiguous blocks of ranks, like tp
+        n = sizes[axis]
+        return list(range(rank // n * n, rank // n * n + n))
+
+    with pytest.raises(ExerciseFailed, match=r"rank=0, axis='dp', sizes=\{'pp': 1, 'dp': 4, 'tp': 2\}\): expected \[0, 2, 4, 6\]"):
+        check_group_ranks(blocks)
+
+
+def test_model_states_check_both_ways():
+    from parlab.exercises import check_model_states
+
+    def states(num_params, dp, tp, pp, zero_stage, over=None):
+        psi = num_params / (tp * pp)
+        n = over or dp
+        weights, grads, adam = 2 * psi, 2 * psi, 12 * psi
+        return weights / (n if zero_stage >= 3 else 1) + grads / (n if zero_stage >= 2 else 1) + \
+            adam / (n if zero_stage >= 1 else 1)
+
+    assert "all 48 layouts" in repr(check_model_states(states))
+    with pytest.raises(ExerciseFailed, match="ZeRO sharding over all the ranks"):  # planted: ZeRO over the world
+        check_model_states(lambda num_params, dp, tp, pp, zero_stage:
+                           states(num_params, dp, tp, pp, zero_stage, over=dp * tp * pp))
+
+
+def test_layout_choice_check_both_ways():
+    from parlab import planner
+    from parlab.exercises import check_layout_choice
+
+    def best(workload, cluster):
+        return next(p for p in planner.candidates(workload, cluster) if p.fits).layout
+
+    assert "all 4 scenarios" in repr(check_layout_choice(best))
+    with pytest.raises(ExerciseFailed, match=r"Llama 2 7B.*DP 8 needs .* GB per GPU"):  # planted: DDP everywhere
+        check_layout_choice(lambda workload, cluster: planner.Layout(dp=cluster.world_size))
+    with pytest.raises(ExerciseFailed, match="TP 16 spans nodes"):  # planted: TP over every GPU
+        check_layout_choice(lambda workload, cluster: planner.Layout(tp=cluster.world_size) if cluster.nodes > 1
+                            else best(workload, cluster))

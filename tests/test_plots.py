@@ -55,3 +55,18 @@ def test_comm_bytes_one_bar_per_rank_one_segment_per_exchange():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["broadcast replicate", "gather logits"]
     assert sorted(p.get_width() for p in ax.patches) == [1.0, 1.0, 4.0, 4.0]  # KiB
     assert [t.get_text().strip() for t in ax.texts] == ["5", "5"]  # each rank's total
+
+
+def test_mesh_draws_every_rank_and_each_axis_groups():
+    from parlab.parallel import Topology
+
+    topo = Topology(pp=2, dp=3, tp=2)
+    fig = plots.mesh(topo, gpus_per_node=4)
+    first, *groups = fig.axes
+    assert [ax.get_title() for ax in groups] == ["6 pp groups of 2", "4 dp groups of 3", "6 tp groups of 2"]
+    boxes = [p for p in first.patches if isinstance(p, Rectangle) and p.get_fill()]
+    assert len(boxes) == 12  # one box per rank; the dotted node outlines are not filled
+    assert {t.get_text() for t in first.texts} >= {"rank 7\n1,0,1", "stage 1"}  # rank 7: pp 1, dp 0, tp 1
+    # each group joined by (its size − 1) lines, drawn as annotations beside 12 rank numbers and a caption
+    joins = [sum(type(t).__name__ == "Annotation" for t in ax.texts) for ax in groups]
+    assert joins == [6 * 1, 4 * 2, 6 * 1]

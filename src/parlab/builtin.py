@@ -14,11 +14,11 @@ from __future__ import annotations
 from parlab import runtime
 from parlab.compose import parallelize
 from parlab.parallel.topology import Topology
-from parlab.training import make_model, train
+from parlab.training import LR, make_model, train
 
 
 def _run(topology: Topology, steps: int, global_batch: int, seed: int, **how) -> list[float]:
-    parts = parallelize(make_model(seed), topology.built(), **how)
+    parts = parallelize(make_model(seed), topology.built(), optimizer_kwargs={"lr": LR}, **how)
     return train(parts, steps, global_batch, seed)
 
 

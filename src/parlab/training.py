@@ -2,7 +2,7 @@
 
 A residual MLP (``parlab.models.tiny_blocks``) learns a synthetic regression task. :func:`train_single`
 is the one-process reference; :func:`train` trains whatever ``parlab.compose.parallelize`` made of the same
-model on a mesh, and returns the loss of each step over the *global* batch, identical on every rank, so
+model on a mesh (:func:`train_steps` and :func:`train_reference` do the same for any model and batches), and returns the loss of each step over the *global* batch, identical on every rank, so
 that any strategy, any mix of strategies and any launcher can be compared with the reference number for
 number. The functions in ``parlab.builtin`` and the scripts in ``examples/`` are built from these.
 """
@@ -15,7 +15,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from parlab import runtime
@@ -38,12 +37,21 @@ def make_batch(step: int, global_batch: int, seed: int = 0):
 
 def train_single(steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[float]:
     """The reference: one process, the whole batch."""
-    model = make_model(seed=seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    return train_reference(make_model(seed=seed), [make_batch(step, global_batch, seed) for step in range(steps)],
+                           optimizer_kwargs={"lr": LR})
+
+
+def train_reference(model: nn.Module, batches, optimizer=torch.optim.SGD, optimizer_kwargs: dict | None = None) -> list[float]:
+    """One process trains ``model`` (a block stack or a transformers decoder, as ``parallelize`` takes) on
+    ``batches`` of ``(inputs, targets)``, each whole; returns the loss of each step. Every layout of the
+    same model is held to these numbers."""
+    from parlab.compose_models import single_process
+
+    run, loss_fn = single_process(model)
+    opt = optimizer(model.parameters(), **(optimizer_kwargs or {"lr": LR}))
     losses = []
-    for step in range(steps):
-        x, y = make_batch(step, global_batch, seed)
-        loss = F.mse_loss(model(x), y)
+    for x, y in batches:
+        loss = loss_fn(run(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -52,20 +60,26 @@ def train_single(steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[
 
 
 def train(parts, steps: int = 5, global_batch: int = 16, seed: int = 0) -> list[float]:
-    """The shared loop: ``parts`` (a ``parlab.compose.Parallelized``) trains on the task for ``steps``.
+    """The shared loop on the course's task: ``parts`` (a ``parlab.compose.Parallelized``) trains for
+    ``steps`` (see :func:`train_steps`)."""
+    return train_steps(parts, [make_batch(step, global_batch, seed) for step in range(steps)])
+
+
+def train_steps(parts, batches) -> list[float]:
+    """The shared loop: ``parts`` (a ``parlab.compose.Parallelized``) takes one step per global batch
+    ``(inputs, targets)`` in ``batches``; returns each step's loss over the global batch, on every rank.
 
     Each data-parallel replica takes its slice of the global batch (the ranks of one tensor- or
     pipeline-parallel group share a slice); the pipeline, if any, cuts the slice into micro-batches.
     """
     topo = parts.topology
     device = runtime.device()
-    opt = torch.optim.SGD(parts.model.parameters(), lr=LR)
     losses = []
-    for step in range(steps):
-        x, y = (t.to(device) for t in shard(make_batch(step, global_batch, seed), topo.coord("dp"), topo.dp))
-        opt.zero_grad()
+    for batch in batches:
+        x, y = (t.to(device) for t in shard(tuple(batch), topo.coord("dp"), topo.dp))
+        parts.zero_grad()
         loss = parts.forward_backward(x, y)  # mean over this replica's slice
-        opt.step()
+        parts.step()
         losses.append(parts.global_loss(loss))
     return losses
 

@@ -1,6 +1,6 @@
 """ZeRO's stages (``parlab.parallel.zero``) beside PyTorch's DDP and FSDP2: step time and memory per rank, every
 implementation on the same model in the same ranks, timed in alternating rounds (chapter 04, section 7;
-``benchmarks/zero.py``).
+``benchmarks/zero.py``); and :func:`time_compute`, the compute that ``parlab.planner.predict_dp_step`` takes.
 """
 
 from __future__ import annotations
@@ -129,53 +129,7 @@ def plot(result: dict, title: str, reference: str):
     return fig
 
 
-# -- chapter 02's α-β model, applied to a training step (chapter 04, section 8) --------------------------------
-
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-
-
-def ring_costs(latency: float, bandwidth: float, world_size: int) -> dict[str, tuple[float, float]]:
-    """(α, β) of each collective, T(m) = α + m·β, for a ring of ``world_size`` ranks whose links have this
-    latency (seconds per ring step) and bandwidth (bytes/s): an all-gather or reduce-scatter takes n−1 steps
-    and moves (n−1)/n of the buffer over each link; an all-reduce is the two in turn (chapter 02)."""
-    n = world_size
-    one = ((n - 1) * latency, (n - 1) / n / bandwidth)
-    return {"all_gather": one, "reduce_scatter": one, "all_reduce": (2 * one[0], 2 * one[1])}
-
-
-def predict_step(strategy: str, costs: dict, num_bytes: float, world_size: int, forward_s: float,
-                 backward_s: float, optimizer_s: float, buckets: int = 1, blocks: int = 1,
-                 overlap: bool = True) -> float:
-    """Seconds per training step of one data-parallel strategy under the α-β model (a model, not a measurement).
-
-    ``costs[op] = (α, β)`` per collective call (``ring_costs``, or fitted with ``fit_alpha_beta``); ``num_bytes``:
-    the gradients' (= the weights') size; ``forward_s``, ``backward_s``, ``optimizer_s``: one rank's compute
-    (the optimizer over all weights: ZeRO divides it by N). ``buckets``: collectives DDP and stage 2 cut the
-    gradients into; ``blocks``: stage 3's gather units. ``overlap``: communication runs beside computation
-    (GPUs: NCCL on its own stream) and only the longer of the two counts; else (CPU: the same cores) they add.
-    """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r}; choose one of {', '.join(STRATEGIES)}")
-
-    def comm(op, calls):
-        alpha, beta = costs[op]
-        return calls * alpha + num_bytes * beta
-
-    def beside(compute, communication):
-        return max(compute, communication) if overlap else compute + communication
-
-    n = world_size
-    if strategy == "ddp":  # buckets all-reduced during backward
-        return forward_s + beside(backward_s, comm("all_reduce", buckets)) + optimizer_s
-    if strategy == "zero1":  # reduce-scatter after backward, all-gather after the step: nothing to hide behind
-        return forward_s + backward_s + comm("reduce_scatter", 1) + optimizer_s / n + comm("all_gather", 1)
-    if strategy == "zero2":  # buckets reduce-scattered during backward; the all-gather after the step
-        return forward_s + beside(backward_s, comm("reduce_scatter", buckets)) + optimizer_s / n + \
-            comm("all_gather", buckets)
-    # stage 3 with prefetch: gathers hide behind forward; gathers and reduce-scatters behind backward
-    return (beside(forward_s, comm("all_gather", blocks))
-            + beside(backward_s, comm("all_gather", blocks) + comm("reduce_scatter", blocks)) + optimizer_s / n)
-
+# -- the compute the α-β model of a step needs (chapter 04, section 8; the model: parlab.planner) ------------
 
 def time_compute(cfg: dict, reps: int = 3) -> dict[str, float]:
     """On every rank at once (the cores shared as in training): median seconds of the plain model's forward,

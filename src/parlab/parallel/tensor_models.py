@@ -34,6 +34,7 @@ from parlab.parallel.tensor_plan import (
     SequenceEnter,
     SequenceExit,
     parallelize,
+    plan_for_part,
 )
 
 HOWS = ("single", "scratch", "dtensor")
@@ -190,28 +191,36 @@ def gpt2_for_dtensor(model: nn.Module, tp_size: int) -> None:
         block.mlp.c_proj = _linear(block.mlp.c_proj)
 
 
-def parallelize_lm(model: nn.Module, how: str, mesh=None, *, sequence_parallel: bool = False, on_collective=None):
+def parallelize_lm(model: nn.Module, how: str, mesh=None, *, sequence_parallel: bool = False, on_collective=None,
+                   part: nn.Module | None = None, whole_logits: bool = False):
     """``model`` split over the 1-D DeviceMesh ``mesh`` (its group for the scratch code), in place.
 
     how: ``"scratch"`` (the course's code) or ``"dtensor"`` (``parallelize_module``); ``"single"`` leaves
-    the model whole. on_collective: the scratch code reports each collective to it.
+    the model whole. on_collective: the scratch code reports each collective to it. part: split only the
+    modules of ``model`` that this module holds (a pipeline stage, chapter 07). whole_logits: DTensor
+    gathers the logits into plain tensors, for a loss outside ``loss_parallel`` (a pipeline's).
     """
     if how not in HOWS:
         raise ValueError(f"how={how!r}; choose one of {', '.join(map(repr, HOWS))}")
     if how == "single":
         return model
     t = mesh.size()
+    target = model if part is None else part
     if how == "scratch":
-        parallelize(model, scratch_plan(model, t, sequence_parallel), mesh.get_group(),
+        plan = scratch_plan(model, t, sequence_parallel)
+        parallelize(target, plan if part is None else plan_for_part(plan, model, part), mesh.get_group(),
                     sequence_parallel=sequence_parallel, on_collective=on_collective)
     else:
-        from torch.distributed.tensor.parallel import parallelize_module
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
         plan = dtensor_plan(model, t, sequence_parallel)
+        if whole_logits:
+            plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
         if arch(model).kind == "gpt2":
-            gpt2_for_dtensor(model, t)
-        parallelize_module(model, mesh, plan)
-        if getattr(model.config, "tie_word_embeddings", False):
+            gpt2_for_dtensor(model, t)  # new modules: the plan is matched to them below
+        parallelize_module(target, mesh, plan if part is None else plan_for_part(plan, model, part))
+        if part is None and getattr(model.config, "tie_word_embeddings", False):
             model.lm_head.weight = model.get_input_embeddings().weight  # each module got its own copy: tie again
     localize_heads(model, t)
     return model

@@ -171,6 +171,20 @@ def parallelize(model: nn.Module, plan: dict, group=None, *, sequence_parallel: 
     return model
 
 
+def plan_for_part(plan: dict, model: nn.Module, part: nn.Module) -> dict:
+    """The entries of ``plan``, written for ``model``, that fall inside ``part``, keyed by their names in
+    ``part``: a pipeline stage holds some of a model's modules under names of its own (chapter 07). Works
+    for DTensor's plans too, which match names the same way."""
+    names = {id(m): n for n, m in model.named_modules()}
+    out = {}
+    for name, module in part.named_modules():
+        full = names.get(id(module))
+        for pattern, style in plan.items():
+            if full is not None and _matches(pattern, full):
+                out[name] = style
+    return out
+
+
 def dense_state(model: nn.Module, grads: bool = False) -> dict:
     """Every parameter (or its gradient) whole, by name, in the original model's layout: what one process
     would hold. Run on every rank (it gathers the shards); for checks and checkpoints."""

@@ -1,0 +1,224 @@
+"""The guide's mixes run for real: a tiny GPT-2 trained under one layout on every rank, and what the layout
+costs (chapter 07).
+
+:func:`run` builds the layout with ``parlab.compose.parallelize``, trains a few steps (the losses, to hold
+against one process), then measures one more step three ways: the memory each rank holds
+(``Parallelized.memory``), the bytes it sends on each axis (``comm_by_axis``), and, untimed instruments
+off, the step time (the slowest rank's, median of ``timed`` steps) and the pipeline's operations on a
+timeline (its bubble). :func:`layout_on` scales a layout the strategy tool (``parlab.advice``) recommends
+for a cluster down to this machine's ranks, keeping its axes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from parlab.compose import COURSE, comm_by_axis, parallelize
+
+#: The tiny decoder of chapter 07: 4 layers, so that 2 pipeline stages hold 2 each; 4 heads for 2 TP ranks.
+SIZES = dict(n_layer=4, n_embd=64, n_head=4, vocab_size=128, seq_len=32)
+ADAMW = {"lr": 1e-3}
+
+
+@dataclass(frozen=True)
+class Mix:
+    """A layout to run: axis sizes, the ZeRO stage of its dp axis, and the implementation of each axis
+    (``parallelize``'s ``data_parallel``, ``tensor_parallel``, ``pipeline``, ``schedule`` arguments)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero_stage: int = 0
+    how: tuple = ()
+
+    @property
+    def label(self) -> str:
+        axes = [f"{name} {size}" for name, size in (("DP", self.dp), ("PP", self.pp), ("TP", self.tp)) if size > 1]
+        zero = {0: "", 1: " + ZeRO-1", 2: " + ZeRO-2", 3: " + ZeRO-3 (FSDP2)"}[self.zero_stage] if self.dp > 1 else ""
+        return " × ".join(axes or ["1 rank"]) + zero
+
+    def parallelize_kwargs(self) -> dict:
+        """The course's strategy on every axis, FSDP2 for ZeRO-3 (the course's ZeRO-3 takes one backward
+        per step, so it does not compose with a pipeline), the course's DDP for plain data parallelism."""
+        if self.zero_stage == 2:
+            raise ValueError("zero_stage=2: parallelize has no ZeRO-2 (it reduce-scatters once per backward, so not "
+                             "with a pipeline's micro-batches); use 1, or 3 (FSDP2)")
+        dp = {0: "course-ddp", 1: "course-zero1", 3: "fsdp"}[self.zero_stage]
+        return {**COURSE, "data_parallel": dp, **dict(self.how)}
+
+
+def make_model(cfg: dict):
+    from parlab.models import tiny_gpt2
+
+    return tiny_gpt2(n_layer=cfg["n_layer"], n_embd=cfg["n_embd"], n_head=cfg["n_head"], vocab_size=cfg["vocab_size"],
+                     n_positions=cfg["seq_len"], seed=0, tie_word_embeddings=False)
+
+
+def batches(cfg: dict, steps: int, start: int = 0) -> list:
+    """Global batches of token ids, ``(inputs, targets)`` alike (the loss shifts them)."""
+    from parlab.models import token_batch
+
+    return [(t, t) for t in (token_batch(cfg["global_batch"], cfg["seq_len"], cfg["vocab_size"], seed=s)
+                             for s in range(start, start + steps))]
+
+
+def run(mix: Mix, cfg: dict) -> dict:
+    """On every rank: train ``cfg["steps"]`` steps of :func:`make_model` under ``mix`` with
+    ``cfg["micro_batches"]`` micro-batches per pipeline step; then measure. Returns this rank's
+    ``losses``, ``coords``, ``memory`` (bytes by part), ``bytes`` ({axis: {op: bytes}} of one step),
+    ``step_s`` (the slowest rank's median), ``events`` (a timeline of one step's pipeline operations)."""
+    from parlab import runtime
+    from parlab.measure import Timeline
+    from parlab.models import shard
+    from parlab.parallel import Topology
+    from parlab.training import train_steps
+
+    topo = Topology.build(dp=mix.dp, tp=mix.tp, pp=mix.pp)
+    parts = parallelize(make_model(cfg), topo, num_micro_batches=cfg["micro_batches"], optimizer=torch.optim.AdamW,
+                        optimizer_kwargs=ADAMW, **mix.parallelize_kwargs())
+    losses = train_steps(parts, batches(cfg, cfg["steps"]))
+    memory = parts.memory().as_dict()  # after a step: gradients and optimizer state exist
+    x, y = (t.to(runtime.device()) for t in shard(batches(cfg, 1, start=cfg["steps"])[0], topo.coord("dp"), topo.dp))
+
+    def step(timeline=None):
+        parts.zero_grad()
+        parts.forward_backward(x, y, timeline=timeline)
+        parts.step()
+
+    with comm_by_axis(topo) as axes:
+        step()
+    sent = {axis: {} for axis in axes}
+    for axis, records in axes.items():
+        for r in records:
+            if r.op != "barrier":
+                sent[axis][r.op] = sent[axis].get(r.op, 0) + r.bytes
+    seconds = []
+    for _ in range(cfg.get("timed", 3)):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        _sync()
+        seconds.append(time.perf_counter() - start)
+    slowest = torch.tensor([statistics.median(seconds)], device=runtime.device())
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank does
+    timeline = Timeline()
+    step(timeline)
+    return {"losses": losses, "coords": {a: topo.coord(a) for a in ("pp", "dp", "tp")}, "memory": memory,
+            "bytes": sent, "step_s": slowest.item(), "events": timeline.events}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # GPU work is asynchronous: wait for it
+        torch.cuda.synchronize()
+
+
+def reference(cfg: dict) -> list[float]:
+    """One process, the whole batch: the losses every layout must reproduce."""
+    from parlab.training import train_reference
+
+    return train_reference(make_model(cfg), batches(cfg, cfg["steps"]), torch.optim.AdamW, ADAMW)
+
+
+def num_params(cfg: dict) -> int:
+    return sum(p.numel() for p in make_model(cfg).parameters())
+
+
+def layout_on(label: str, world_size: int) -> Mix | None:
+    """The layout a recommendation names (``parlab.planner.layout_of``), on ``world_size`` ranks: the same
+    axes, each model-parallel axis of size 2 (the tiny model has 4 layers and 4 heads), data parallelism
+    over the rest. ``None`` for a recommendation without a layout ("ZeRO ×N: measure")."""
+    from parlab.planner import layout_of
+
+    layout = layout_of(label)
+    if layout is None:
+        return None
+    tp, pp = (2 if layout.tp > 1 else 1), (2 if layout.pp > 1 else 1)
+    if world_size % (tp * pp):
+        raise ValueError(f"{label!r} needs tp × pp = {tp * pp} to divide world_size={world_size}")
+    dp = world_size // (tp * pp)
+    return Mix(dp=dp, tp=tp, pp=pp, zero_stage=layout.zero_stage if dp > 1 else 0)
+
+
+def run_many(runs: list, cfg: dict) -> list[dict]:
+    """On every rank: :func:`run` for each ``(mix, changes to cfg)`` in turn, in one launch."""
+    return [run(mix, {**cfg, **changes}) for mix, changes in runs]
+
+
+def summarize(mix: Mix, results: list[dict], cfg: dict) -> dict:
+    """What the ranks of one :func:`run` measured, beside what predicts it: the most memory any rank holds
+    and ``estimate_memory``'s figure (fp32 AdamW model states), the bytes a rank sends per step on each axis
+    (the most over ranks), the step time, and the bubble of the pipeline that holds rank 0 (measured on
+    its timeline, and (p − 1)/(m + p − 1))."""
+    from parlab.measure import estimate_memory
+    from parlab.parallel import pipeline_schedule as ps
+
+    estimate = estimate_memory(num_params=num_params(cfg), optimizer="adamw", world_size=len(results),
+                               tp_size=mix.tp, pp_size=mix.pp, zero_stage=mix.zero_stage if mix.dp > 1 else 0)
+    axes = ("dp", "tp", "pp")
+    row = {"layout": mix.label, "memory": max(r["memory"]["total"] for r in results),
+           "estimate": estimate.model_states, "step_s": results[0]["step_s"],
+           "bytes": {a: max(sum(r["bytes"][a].values()) for r in results) for a in axes}, "bubble": None,
+           "bubble_formula": None}
+    if mix.pp > 1:
+        first = [r for r in results if r["coords"]["dp"] == 0 and r["coords"]["tp"] == 0]
+        row["bubble"] = ps.bubble_fraction([e for r in first for e in r["events"]])
+        row["bubble_formula"] = ps.bubble_formula(mix.pp, cfg["micro_batches"])
+    return row
+
+
+def calibrate(cfg: dict, sequences: int = 2, reps: int = 3) -> dict:
+    """On every rank at once (the cores shared as in training): what ``parlab.planner`` needs to know of this
+    machine. ``flops``: 6Ψ·tokens over the time of a forward and backward of :func:`make_model` on
+    ``sequences`` sequences; ``memory_bandwidth``: 32 bytes per parameter over an AdamW step's time;
+    ``alpha`` and ``bandwidth``: chapter 02's fit of one message between two ranks (a broadcast within
+    pairs, every pair at once). The slowest rank's figures."""
+    from parlab import planner
+    from parlab.measure import fit_alpha_beta, sweep
+    from parlab.models import token_batch
+    from parlab.parallel import Topology
+
+    from parlab import runtime
+
+    model = make_model(cfg).to(runtime.device())
+    psi = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    ids = token_batch(sequences, cfg["seq_len"], cfg["vocab_size"], seed=0).to(runtime.device())
+    compute, update = [], []
+    for _ in range(reps + 1):  # the first, untimed, creates the optimizer's state
+        dist.barrier()
+        start = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        _sync()
+        middle = time.perf_counter()
+        opt.step()
+        opt.zero_grad()
+        _sync()
+        compute.append(middle - start)
+        update.append(time.perf_counter() - middle)
+    pairs = Topology.build(tp=2).group("tp") if dist.get_world_size() % 2 == 0 else None
+    points = sweep("broadcast", sizes=[1 << k for k in range(12, 21, 2)], iters=5, group=pairs)
+    alpha, beta = fit_alpha_beta([p.bytes for p in points], [p.seconds for p in points])
+    slowest = torch.tensor([statistics.median(compute[1:]), statistics.median(update[1:]), alpha, beta],
+                           device=runtime.device())
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    f, u, alpha, beta = slowest.tolist()
+    return {"flops": 6 * psi * sequences * cfg["seq_len"] / f,
+            "memory_bandwidth": planner.OPTIMIZER_BYTES_PER_PARAM * psi / u,
+            "alpha": alpha, "bandwidth": 1 / beta if beta > 0 else float("inf")}
+
+
+def this_machine(calibration: dict, world_size: int):
+    """``parlab.planner.Cluster`` of this machine's ranks, from :func:`calibrate`: one node, one link, the
+    figures reached (utilisation 1), and no overlap (ranks' computation and gloo share the same cores)."""
+    from parlab import planner
+
+    rank = planner.GPU("a CPU rank of this machine", float("inf"), calibration["flops"],
+                       calibration["memory_bandwidth"], "measured by parlab.bench.mixes.calibrate")
+    link = planner.Link("gloo, this machine", calibration["alpha"], calibration["bandwidth"],
+                        "fitted here (chapter 02's sweep and fit_alpha_beta)")
+    return planner.Cluster(gpu=rank, gpus_per_node=world_size, intra=link, inter=link, utilization=1.0, overlap=False)

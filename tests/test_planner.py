@@ -1,0 +1,160 @@
+"""The course's one cost model (``parlab.planner``): collectives on a ring, a data-parallel step, and a whole
+layout's memory, bytes and step time, against hand-computed values; bad input named; and the chapters
+taking their link figures from it rather than stating their own."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import nbformat
+import pytest
+
+from parlab import planner
+from parlab.measure import estimate_memory
+
+ROOT = pathlib.Path(__file__).parent.parent
+LINK = planner.Link("test", alpha=1e-5, bandwidth=1e9)
+
+
+def test_ring_costs_are_chapter_02s_ring():
+    costs = planner.ring_costs(LINK, 4)
+    m = 8e6
+    # all-gather / reduce-scatter: 3 steps, each 1/4 of the buffer over every link
+    assert planner.collective_seconds("all_gather", m, costs) == pytest.approx(3 * 1e-5 + 0.75 * m / 1e9)
+    assert planner.collective_seconds("reduce_scatter", m, costs) == planner.collective_seconds("all_gather", m, costs)
+    # all-reduce: the two in turn
+    assert planner.collective_seconds("all_reduce", m, costs) == pytest.approx(2 * (3 * 1e-5 + 0.75 * m / 1e9))
+    assert planner.collective_seconds("send", m, costs) == pytest.approx(1e-5 + m / 1e9)
+    one = planner.ring_costs(LINK, 1)  # a ring of one rank sends nothing
+    assert planner.collective_seconds("all_reduce", m, one) == 0.0
+
+
+def test_dp_step_matches_the_table_of_chapter_04():
+    costs = planner.ring_costs(LINK, 4)
+    g, f, b, o = 4e8, 0.1, 0.2, 0.04
+    rs, ag, ar = (planner.collective_seconds(op, g, costs) for op in ("reduce_scatter", "all_gather", "all_reduce"))
+    step = {s: planner.predict_dp_step(s, costs, g, 4, f, b, o, overlap=False) for s in planner.STRATEGIES}
+    assert step["ddp"] == pytest.approx(f + b + ar + o)
+    assert step["zero1"] == pytest.approx(f + b + rs + o / 4 + ag)
+    assert step["zero2"] == pytest.approx(f + b + rs + o / 4 + ag)
+    assert step["zero3"] == pytest.approx(f + ag + b + ag + rs + o / 4)
+    hidden = planner.predict_dp_step("ddp", costs, g, 4, f, b, o, overlap=True)
+    assert hidden == pytest.approx(f + max(b, ar) + o)
+
+
+def test_micro_batches_cost_stage_2_and_3_per_pass_and_ddp_and_stage_1_once():
+    costs = planner.ring_costs(LINK, 4)
+    rs, ag = (planner.collective_seconds(op, 4e8, costs) for op in ("reduce_scatter", "all_gather"))
+
+    def extra(strategy, m):  # communication added to the compute, without overlap
+        return planner.predict_dp_step(strategy, costs, 4e8, 4, 0.0, 0.0, 0.0, overlap=False, micro_batches=m)
+
+    for m in (1, 4, 8):
+        assert extra("zero1", m) == pytest.approx(rs + ag)
+        assert extra("zero2", m) == pytest.approx(m * rs + ag)
+        assert extra("zero3", m) == pytest.approx(m * (2 * ag + rs))
+        assert extra("ddp", m) == pytest.approx(extra("ddp", 1))
+
+
+def _workload(**kw):
+    from parlab.models import tiny_gpt2
+
+    return planner.Workload(tiny_gpt2(n_layer=4, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
+                                      tie_word_embeddings=False).config, **{"global_batch": 16, "seq_len": 32,
+                                                                           "micro_batch": 2, **kw})
+
+
+def test_a_layout_is_priced_part_by_part():
+    w = _workload()
+    cluster = planner.Cluster(gpus_per_node=4, nodes=2)
+    p = planner.predict(w, planner.Layout(dp=2, tp=2, pp=2, zero_stage=1), cluster)
+    m = 16 // (2 * 2)  # micro-batches per replica
+    activation = 2 * 32 * 64 * 2  # micro-batch · seq · hidden · bf16
+    assert p.micro_batches == m and p.bubble == pytest.approx(1 / (m + 1))
+    assert p.bytes_by_axis == {"dp": pytest.approx(2 * w.num_params / 4 * 2), "tp": 4 * 2 * m * activation,
+                               "pp": 2 * m * activation}
+    assert p.memory == estimate_memory(w.config, precision="bf16", optimizer="adam", world_size=8, zero_stage=1,
+                                       tp_size=2, pp_size=2, micro_batch=2, seq_len=32)
+    # ZeRO-1 hides nothing: its reduce-scatter and all-gather of this rank's gradients (bf16) add to the step
+    costs = planner.ring_costs(cluster.intra, 2)
+    grads = w.num_params / 4 * 2
+    assert p.parts["dp"] == pytest.approx(sum(planner.collective_seconds(op, grads, costs)
+                                              for op in ("reduce_scatter", "all_gather")))
+    assert p.parts["tp"] == pytest.approx((m + 1) * 4 * 2 * planner.collective_seconds(
+        "all_reduce", activation, planner.ring_costs(cluster.intra, 2)))
+    assert str(p.layout) == "TP 2 × PP 2 × DP 2 + ZeRO-1"
+
+
+def test_links_follow_the_mesh_and_slower_links_cost_time():
+    w = _workload()
+    cluster = planner.Cluster(gpus_per_node=4, nodes=2)
+    topo = planner.Layout(dp=2, tp=2, pp=2).topology
+    # tp innermost: its pairs stay in a node; pp outermost: its pairs cross nodes
+    assert cluster.link(topo, "tp") == cluster.intra and cluster.link(topo, "pp") == cluster.inter
+    assert cluster.link(topo, "dp") == cluster.intra
+    fast = planner.predict(w, planner.Layout(dp=8), cluster)
+    slow = planner.predict(w, planner.Layout(dp=8), planner.Cluster(gpus_per_node=4, nodes=2,
+                                                                    inter=planner.LINKS["ethernet"]))
+    assert slow.parts["dp"] > fast.parts["dp"]
+
+
+def test_candidates_put_what_fits_first_then_the_fastest():
+    w = planner.Workload("Llama 2 70B", global_batch=64, seq_len=4096, checkpointing=True)
+    ranked = planner.candidates(w, planner.cluster_of("nvlink", nodes=2))
+    assert ranked and ranked[0].fits
+    fitting = [p for p in ranked if p.fits]
+    assert [p.step_s for p in fitting] == sorted(p.step_s for p in fitting)
+    assert all(not p.fits for p in ranked[len(fitting):])
+    assert all(p.layout.tp <= 8 for p in ranked)  # TP stays inside a node
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: planner.predict(_workload(), planner.Layout(dp=3), planner.Cluster(gpus_per_node=4)),
+     "uses 3 ranks; the cluster has 4"),
+    (lambda: planner.predict(_workload(global_batch=6), planner.Layout(dp=4), planner.Cluster(gpus_per_node=4)),
+     "global_batch=6 does not split into dp=4"),
+    (lambda: planner.predict(_workload(), planner.Layout(dp=4, zero_stage=4), planner.Cluster(gpus_per_node=4)),
+     "zero_stage=4"),
+    (lambda: planner.predict_dp_step("zero4", {}, 1, 1, 0, 0, 0), "strategy='zero4'"),
+    (lambda: planner.collective_seconds("all_to_all", 1, planner.ring_costs(LINK, 2)), "op='all_to_all'"),
+    (lambda: planner.cluster_of("infiniband"), "name='infiniband'; choose 'nvlink' or 'pcie'"),
+])
+def test_bad_input_is_named(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
+
+
+def test_every_link_states_its_source():
+    for link in planner.LINKS.values():
+        assert link.source and link.bandwidth > 0 and link.alpha > 0, link
+
+
+@pytest.mark.parametrize("chapter", ["04_zero", "05_tensor_parallel", "06_pipeline_parallel", "07_putting_it_together"])
+def test_chapters_take_their_link_figures_from_the_planner(chapter):
+    """One set of link figures in the course: a chapter's model cells name planner.LINKS, never a literal."""
+    path = ROOT / "notebooks" / f"{chapter}.ipynb"
+    if not path.exists():
+        pytest.skip(f"{path.name} is not written yet")
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    assert "planner.LINKS" in code
+    for line in code.splitlines():
+        assert not re.search(r"\d(\.\d+)?e9\b.*\d(\.\d+)?e-6\b|\d(\.\d+)?e-6\b.*\d(\.\d+)?e9\b", line), \
+            f"{chapter}: a link figure stated in place: {line.strip()}"
+
+
+def test_the_strategy_tools_labels_are_layouts():
+    from parlab.bench.mixes import Mix, layout_on
+
+    assert planner.layout_of("TP 8 × PP 2 × DP 2 + ZeRO-1") == planner.Layout(dp=2, tp=8, pp=2, zero_stage=1)
+    assert planner.layout_of("DDP ×32") == planner.Layout(dp=32)
+    assert planner.layout_of("ZeRO-3 ×8") == planner.Layout(dp=8, zero_stage=3)
+    assert planner.layout_of("PP 8 × DP 1") == planner.Layout(pp=8)
+    assert planner.layout_of("ZeRO ×8") is None  # the stage left open: measure
+    with pytest.raises(ValueError, match="names no layout"):
+        planner.layout_of("whatever fits")
+    # on this machine's ranks: the same axes, model-parallel axes of 2, data parallel over the rest
+    assert layout_on("TP 8 × PP 2 × DP 2 + ZeRO-1", 8) == Mix(dp=2, tp=2, pp=2, zero_stage=1)
+    assert layout_on("TP 8 × PP 2 × DP 2 + ZeRO-1", 4) == Mix(tp=2, pp=2)  # no dp left: no ZeRO
+    assert layout_on("PP 8 × DP 1", 8) == Mix(dp=4, pp=2)
+    assert layout_on("ZeRO-3 ×256", 4) == Mix(dp=4, zero_stage=3)

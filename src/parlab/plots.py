@@ -369,6 +369,8 @@ def comm_bytes(records_by_rank, title: str = "", unit: float = 1024, unit_name: 
     ax.set_xlabel(f"{unit_name} per op (nccl-tests size)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
     ax.set_title(title)
+    fig.tight_layout()
+    return fig
 
 
 AXIS_TALK = {"dp": "dp: gradients (all-reduce, or reduce-scatter + all-gather)",

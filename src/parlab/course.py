@@ -129,9 +129,9 @@ def run_course(paths, output_dir, *, ci: bool = False, html: bool = True, cell_t
         # tqdm turns itself off (disable=None) when stderr is not a terminal, e.g. in CI logs; the lines
         # echoed below carry the progress there.
         progress = {"desc": label, "disable": None, "leave": False} if show_progress else False
-        echo(f"{label} ...", flush=True)
         started = time.monotonic()
-        try:
+        try:  # from the announcement on: an interrupt may arrive as soon as the line is out
+            echo(f"{label} ...", flush=True)
             result = run_chapter(path, output_dir, ci=ci, html=html, cell_timeout=cell_timeout,
                                  progress=progress, require_gpu=require_gpu)
         except KeyboardInterrupt:  # stop here, but still show what ran

@@ -297,12 +297,11 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster) -> Prediction:
     dp_bytes = {0: grad_bytes, 1: 2 * grad_bytes, 2: (m + 1) * grad_bytes, 3: 3 * m * grad_bytes}[layout.zero_stage]
     bytes_by_axis = {"dp": dp_bytes if dp > 1 else 0, "tp": 4 * layers * m * activation if tp > 1 else 0,
                      "pp": 2 * m * activation if pp > 1 else 0}
-    c = w.config  # its sizes given, so that the estimator need not build the model again for every layout
-    memory = estimate_memory(num_params=w.num_params, precision=w.precision, optimizer=w.optimizer,
+    # The config itself, so that activations follow the architecture (chapter 01); the estimator builds it
+    # once on the meta device and caches it, so pricing many layouts costs no rebuilds.
+    memory = estimate_memory(w.config, precision=w.precision, optimizer=w.optimizer,
                              world_size=topo.world_size, zero_stage=layout.zero_stage, tp_size=tp, pp_size=pp,
-                             micro_batch=w.micro_batch, seq_len=w.seq_len, hidden=c.hidden_size,
-                             layers=c.num_hidden_layers, heads=c.num_attention_heads, vocab=c.vocab_size,
-                             checkpointing=w.checkpointing)
+                             micro_batch=w.micro_batch, seq_len=w.seq_len, checkpointing=w.checkpointing)
     return Prediction(layout, memory, step, parts, bytes_by_axis, (pp - 1) / slots, m,
                       memory.total <= cluster.gpu.memory)
 

@@ -37,6 +37,15 @@ def test_gantt_one_row_per_rank():
     assert len([p for p in ax.patches if p.get_width() > 0]) == 2
 
 
+def test_gantt_names_overlapping_collectives_only_when_asked():
+    events = [Event(0, "f h0", "compute", 0.0, 1.0), Event(0, "AG h1", "comm", 0.0, 1.0),
+              Event(0, "RS h0", "comm", 0.5, 1.5)]  # in flight together: two sub-lanes
+    assert [t.get_text() for t in plots.gantt(events).axes[0].texts] == ["f h0"]
+    ax = plots.gantt(events, label_sublanes=True).axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == ["AG h1", "RS h0", "f h0"]
+    assert {t.get_fontsize() for t in ax.texts if t.get_text() != "f h0"} == {6}
+
+
 def test_bandwidth_draws_fit_and_both_rates():
     pts = [BandwidthPoint(m, 1e-5 + m / 1e9, m / (1e-5 + m / 1e9), m / (1e-5 + m / 1e9)) for m in (1e3, 1e6)]
     fig = plots.bandwidth({"all_reduce": pts}, fit={"all_reduce": (1e-5, 1e-9)})

@@ -122,11 +122,13 @@ def _get(breakdown, part):
 LANES = {"compute": (-0.19, 0.36), "comm": (0.19, 0.36), "idle": (0.0, 0.74)}
 
 
-def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06, ax=None):
+def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06, ax=None,
+          label_sublanes: bool = False):
     """One row per rank (compute above, communication below), one bar per event, coloured by kind;
     names shown on bars wide enough (``label_min``: share of the whole span). Events of one kind that
     overlap in time on a rank (asynchronous collectives in flight together) are stacked in thinner
-    sub-lanes, so that none hides another. ``ax``: draw into these axes instead of a new figure."""
+    sub-lanes, so that none hides another; ``label_sublanes`` names those too, in a smaller font.
+    ``ax``: draw into these axes instead of a new figure."""
     events = list(events)
     ranks = sorted({e.rank for e in events})
     if ax is None:
@@ -143,9 +145,9 @@ def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", la
         y = ranks.index(e.rank) + offset - 0.5 * height * (count - 1) + index * height
         ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=height,
                 color=KIND_COLORS.get(e.kind, "grey"), edgecolor="white", linewidth=0.5)
-        if e.seconds / span > label_min and e.kind != "idle" and count == 1:
+        if e.seconds / span > label_min and e.kind != "idle" and (count == 1 or label_sublanes):
             ax.text((e.start - t0 + e.seconds / 2) / unit, y, e.name, ha="center", va="center",
-                    color="white", fontsize=8)
+                    color="white", fontsize=8 if count == 1 else 6)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     if not ax.yaxis_inverted():
         ax.invert_yaxis()

@@ -6,9 +6,13 @@ every release the allocator makes, in order, as ``[memory]`` events with a signe
 order gives the bytes live at each moment; the peak is their maximum, counted from the moment the work began.
 
 What it sees: tensors allocated and freed by PyTorch on the thread that runs the work (on CPU, autograd's
-backward runs on that thread too). What it does not: memory a communication backend allocates inside its own
-threads (gloo's buffers), and memory allocated before the work began (add what the rank held then, e.g. with
-``measure_memory``).
+backward runs on that thread too), and the buffers gloo allocates for a collective on its worker thread (the op
+runs under the caller's thread-local state, the profiler's included). What it does not: memory allocated before
+the work began (add what the rank held then, e.g. with ``measure_memory``), and a release made on another thread
+outside that state: gloo's worker keeps a reference to an op's tensors until just after the op completes, so a
+buffer the work drops as soon as its op is done is now and then freed there, unseen, and stays counted. Both
+that and a gloo buffer that happens to be in flight at the peak can only add to it: on a CPU, the least over a
+few identical runs is the work's own peak.
 """
 
 from __future__ import annotations

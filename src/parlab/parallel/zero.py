@@ -328,7 +328,7 @@ class ZeroStage2(ZeroStage1):
         g.work = self._communicate("reduce_scatter", g.grad, g.name, output=g.grad_shard, async_op=True,
                                    reduce_op=dist.ReduceOp.AVG)
         self._launched.append(g)
-        if len(self._launched) > 1:  # double buffering: the previous group has surely been sent by now
+        if len(self._launched) > 1:  # double buffering: at most two in flight, so wait for the one before
             self._finish(self._launched[-2])
 
     def _finish(self, g: FlatParams) -> None:

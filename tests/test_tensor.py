@@ -412,6 +412,18 @@ def _never_summed(layer, x):
     return F.linear(x, layer.weight, layer.bias)
 
 
+def _untracked_all_reduce(layer, x):  # the right numbers, through a collective autograd does not see
+    y = F.linear(x, layer.weight)
+    dist.all_reduce(y)
+    return y + layer.bias
+
+
+def _all_reduce_with_summing_backward(layer, x):
+    import torch.distributed.nn.functional as dist_nn
+
+    return dist_nn.all_reduce(F.linear(x, layer.weight)) + layer.bias
+
+
 def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
     from parlab.exercises import ExerciseFailed, check_row_parallel_forward
 
@@ -422,6 +434,10 @@ def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
         check_row_parallel_forward(_never_summed, world_size=4)
     with pytest.raises(ExerciseFailed, match="returned NoneType"):
         check_row_parallel_forward(lambda layer, x: None)
+    with pytest.raises(ExerciseFailed, match="one autograd cannot see"):
+        check_row_parallel_forward(_untracked_all_reduce)
+    with pytest.raises(ExerciseFailed, match="gradient of x is 2 times too large"):
+        check_row_parallel_forward(_all_reduce_with_summing_backward)
 
 
 def test_collectives_exercise_passes_the_reference_and_names_the_boundary():

@@ -3,6 +3,8 @@ the collectives go in a chain of column- and row-parallel layers, checked bounda
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -36,7 +38,12 @@ def _row_parallel_on_rank(fn) -> dict:
     out = {"y": y.detach().clone(), "want": dense(x).detach(), "partial": partial, "bias": dense.bias.detach(),
            "ops": [(r.op, r.bytes) for r in log.records]}
     if y.requires_grad:
-        (y * torch.arange(1.0, OUT + 1)).sum().backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (y * torch.arange(1.0, OUT + 1)).sum().backward()
+        # an in-place torch.distributed collective on a tensor autograd tracks has no backward of its own:
+        # PyTorch passes the gradient through unchanged, and warns that this is deprecated
+        out["untracked"] = any("autograd kernel was not registered" in str(w.message) for w in caught)
         dense.zero_grad()
         whole = x.clone().requires_grad_()
         (dense(whole) * torch.arange(1.0, OUT + 1)).sum().backward()
@@ -71,8 +78,15 @@ def _diagnose(r: dict, t: int) -> str | None:
     for name, got, want in r["grads"]:
         if got is None:
             return f"no gradient reached {name}"
+        if name == "x" and torch.allclose(got, t * want, atol=1e-5):
+            return (f"the gradient of x is {t} times too large: the collective's backward summed gradients that "
+                    f"every rank already holds whole (g's backward is the identity)")
         if not torch.allclose(got, want, atol=1e-5):
             return f"the gradient of {name} is wrong (up to {(got - want).abs().max().item():.3g} off)"
+    if r.get("untracked"):
+        return ("the result is right, but the all-reduce is one autograd cannot see (an in-place "
+                "torch.distributed collective): PyTorch lets the gradient through unchanged and warns that this "
+                "is deprecated; use the package's operator for it, so that backward is the one you chose")
     return None
 
 

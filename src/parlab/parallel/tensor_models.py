@@ -118,8 +118,8 @@ def dtensor_plan(model: nn.Module, tp_size: int, sequence_parallel: bool = False
     a = arch(model)
     if _check(a, tp_size, sequence_parallel) != "split":
         raise ValueError(f"{a.kv_heads} KV heads do not split over tp_size={tp_size}: ColwiseParallel would cut a "
-                         f"head in pieces (transformers' own plans refuse this too); the course's scratch plan "
-                         f"replicates them instead")
+                         f"head in pieces and attention's reshape would fail (transformers' plans do the same: its "
+                         f"issue #48307); the course's scratch plan replicates them instead")
     seq = Shard(1) if sequence_parallel else Replicate()  # the layout between the column/row pairs
     b = f"{a.blocks}.*"
     plan = {"lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}  # for loss_parallel

@@ -1,4 +1,5 @@
-"""Pipeline parallelism from scratch (``parlab.parallel.pipeline`` and ``pipeline_schedule``, chapter 06).
+"""Pipeline parallelism from scratch (``parlab.parallel.pipeline``, ``pipeline_schedule`` and ``pipeline_p2p``,
+chapter 06).
 
 Schedules are data, so most of their properties are checked here without any rank: what each rank runs,
 the bubble the simulator finds against the formula, the activations held, and that the messages of every
@@ -19,6 +20,7 @@ from torch.testing import assert_close
 import parlab
 from parlab.launch import preload
 from parlab.models import regression_batch, tiny_blocks, tiny_gpt2, token_batch
+from parlab.parallel import pipeline_p2p as p2p
 from parlab.parallel import pipeline_schedule as ps
 from parlab.parallel.pipeline import Pipeline, causal_lm_loss, record_stage, split_gpt2, split_sequential
 
@@ -73,7 +75,7 @@ def test_every_schedule_exchanges_messages_safely():
             schedules = [ps.naive(p), ps.gpipe(p, m), ps.one_f_one_b(p, m)]
             schedules += [ps.interleaved_1f1b(p, m, v) for v in (2, 3) if m % max(1, m // p) == 0]
             for s in schedules:
-                ps.check_p2p(s)
+                p2p.check_p2p(s)
 
 
 def _eager_plan(schedule):
@@ -81,7 +83,7 @@ def _eager_plan(schedule):
     plan = []
     for r in range(schedule.num_ranks):
         batches, pending = [], []
-        for recv, _, send in ps.messages(schedule, r):
+        for recv, _, send in p2p.messages(schedule, r):
             batches.append(pending + recv)
             pending = send
         plan.append(batches + [pending])
@@ -91,12 +93,12 @@ def _eager_plan(schedule):
 def test_check_p2p_catches_a_deadlock_and_a_mismatch():
     s = ps.interleaved_1f1b(2, 4, 2)
     with pytest.raises(ValueError, match="would deadlock"):
-        ps.check_p2p(s, _eager_plan(s))
-    plan = ps.p2p_plan(ps.gpipe(2, 2))
+        p2p.check_p2p(s, _eager_plan(s))
+    plan = p2p.p2p_plan(ps.gpipe(2, 2))
     sends = [b for b in plan[0] if b]
     sends[0][0], sends[1][0] = sends[1][0], sends[0][0]  # rank 0 sends micro-batch 1 before 0
     with pytest.raises(ValueError, match="expects"):
-        ps.check_p2p(ps.gpipe(2, 2), plan)
+        p2p.check_p2p(ps.gpipe(2, 2), plan)
 
 
 def test_bad_schedules_and_arguments_are_refused():
@@ -300,7 +302,7 @@ def test_only_boundary_activations_travel(trained):
         size = 4 * b * (HIDDEN if task == "mlp" else SEQ * EMBD)
         for r in range(n):
             msgs = per_rank[r][who, task, name]["messages"]
-            expected = [m for _, _, send in ps.messages(schedule, r) for m in send]
+            expected = [m for _, _, send in p2p.messages(schedule, r) for m in send]
             assert sum(op == "send" for op, _, _ in msgs) == len(expected)
             assert {nbytes for _, nbytes, _ in msgs} <= {size}, (who, task, name, r)
 

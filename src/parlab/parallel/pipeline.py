@@ -34,7 +34,8 @@ from torch import nn
 
 from parlab import runtime
 from parlab.parallel.comm import OnCollective, check_callback, communicate_batch
-from parlab.parallel.pipeline_schedule import Schedule, check_p2p, p2p_plan
+from parlab.parallel.pipeline_p2p import check_p2p, p2p_plan
+from parlab.parallel.pipeline_schedule import Schedule
 
 
 class Pipeline:

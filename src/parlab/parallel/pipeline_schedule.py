@@ -19,8 +19,10 @@ The schedules built here (each cites its paper):
 - :func:`naive`: model parallelism without micro-batches; one rank works at a time.
 - :func:`gpipe`: all forwards, then all backwards (Huang et al. 2019, "GPipe", arXiv:1811.06965).
 - :func:`one_f_one_b`: after a short warm-up each rank alternates one forward and one backward, so at
-  most ``p`` micro-batches are in flight (PipeDream-Flush: Narayanan et al. 2021, "Memory-Efficient
-  Pipeline-Parallel DNN Training", arXiv:2006.09503; the schedule of Megatron-LM).
+  most ``p`` micro-batches are in flight. The order comes from PipeDream (Narayanan et al. 2019,
+  "PipeDream: Generalized Pipeline Parallelism for DNN Training", SOSP), which trained asynchronously;
+  this synchronous form, flushed at the end of every step, is PipeDream-Flush (Narayanan et al. 2021,
+  "Memory-Efficient Pipeline-Parallel DNN Training", arXiv:2006.09503) and the schedule of Megatron-LM.
 - :func:`interleaved_1f1b`: each rank holds ``v`` smaller stages, which shrinks the bubble ``v``-fold
   (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
   Megatron-LM", arXiv:2104.04473, section 2.2). Same operation order as PyTorch's

@@ -344,6 +344,26 @@ def test_zero_bubble_and_dualpipe_schedules_run_on_gloo():
         assert any(name.startswith("W") for name in out[0][1])
 
 
+def test_measured_activations_are_the_count_from_the_order():
+    """What chapter 06 asserts of PyTorch's schedules: each rank's peak of activations, measured by the
+    ActivationTracker, is the count from the schedule's order (a forward adds a micro-batch, the B or W that
+    finishes it releases it), for 1F1B and the schedules that split the backward. A tracker that kept the
+    split backward's graph alive, or that charged the first stage the whole batch, fails it."""
+    from parlab.bench.pipeline import TORCH_SCHEDULES, record
+
+    preload("torch._dynamo", "torch.distributed.pipelining")
+    p, m = 2, 4
+    names = ("1f1b", "zero-bubble", "zbv", "dualpipev")
+    cfg = dict(hidden=HIDDEN, batch=BATCH, blocks_per_rank=2)
+    out = parlab.launch(record, world_size=p, args=([("torch", n, m, 2) for n in names], cfg, 1), timeout=120,
+                        announce=False)
+    for i, name in enumerate(names):
+        order = out[0][i]["pipeline_order"]
+        schedule = ps.one_f_one_b(p, m) if order is None else ps.from_torch(order, m, TORCH_SCHEDULES[name])
+        counted = [peak / schedule.stages_per_rank for peak in ps.peak_in_flight(schedule)]
+        assert [out[r][i]["peak"] / out[r][i]["per_micro_batch"] for r in range(p)] == pytest.approx(counted), name
+
+
 def test_the_simulator_shows_what_ran(trained):
     """Chapter 06's simulator widget draws, for every setting that ran, the order each rank recorded."""
     from parlab import widgets

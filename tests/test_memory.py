@@ -207,6 +207,27 @@ def test_activation_tracker_follows_what_autograd_keeps():
     assert tracker.live == 0 and tracker.samples[-1][1] == 0
 
 
+def test_activation_tracker_lets_a_graph_go_without_a_backward():
+    """A graph dropped without a backward through it (kept with retain_graph, or a pipeline's split backward
+    whose weight half never visits the input half's nodes) is freed, and its bytes leave the count. ReLU
+    saves its own output: a tracker holding that tensor would keep the whole graph alive in a cycle."""
+    import gc
+
+    from parlab.measure import ActivationTracker
+    from parlab.models import tiny_blocks
+
+    model = tiny_blocks(2, 16)
+    x = torch.randn(4, 16, requires_grad=True)
+    tracker = ActivationTracker(model)
+    with tracker:
+        out = model(x)
+    torch.autograd.grad(out.sum(), x, retain_graph=True)  # the input gradient only: the graph stays
+    assert tracker.live == tracker.peak > 0
+    del out
+    gc.collect()
+    assert tracker.live == 0
+
+
 # ---- accountings: 16 vs 18 bytes per parameter; integral floats ------------------------------------
 
 def test_num_params_accepts_integral_floats():

@@ -1,4 +1,5 @@
-"""Pipeline parallelism from scratch (``parlab.parallel.pipeline`` and ``pipeline_schedule``, chapter 06).
+"""Pipeline parallelism from scratch (``parlab.parallel.pipeline``, ``pipeline_schedule`` and ``pipeline_p2p``,
+chapter 06).
 
 Schedules are data, so most of their properties are checked here without any rank: what each rank runs,
 the bubble the simulator finds against the formula, the activations held, and that the messages of every
@@ -19,6 +20,7 @@ from torch.testing import assert_close
 import parlab
 from parlab.launch import preload
 from parlab.models import regression_batch, tiny_blocks, tiny_gpt2, token_batch
+from parlab.parallel import pipeline_p2p as p2p
 from parlab.parallel import pipeline_schedule as ps
 from parlab.parallel.pipeline import Pipeline, causal_lm_loss, record_stage, split_gpt2, split_sequential
 
@@ -73,7 +75,7 @@ def test_every_schedule_exchanges_messages_safely():
             schedules = [ps.naive(p), ps.gpipe(p, m), ps.one_f_one_b(p, m)]
             schedules += [ps.interleaved_1f1b(p, m, v) for v in (2, 3) if m % max(1, m // p) == 0]
             for s in schedules:
-                ps.check_p2p(s)
+                p2p.check_p2p(s)
 
 
 def _eager_plan(schedule):
@@ -81,7 +83,7 @@ def _eager_plan(schedule):
     plan = []
     for r in range(schedule.num_ranks):
         batches, pending = [], []
-        for recv, _, send in ps.messages(schedule, r):
+        for recv, _, send in p2p.messages(schedule, r):
             batches.append(pending + recv)
             pending = send
         plan.append(batches + [pending])
@@ -91,12 +93,12 @@ def _eager_plan(schedule):
 def test_check_p2p_catches_a_deadlock_and_a_mismatch():
     s = ps.interleaved_1f1b(2, 4, 2)
     with pytest.raises(ValueError, match="would deadlock"):
-        ps.check_p2p(s, _eager_plan(s))
-    plan = ps.p2p_plan(ps.gpipe(2, 2))
+        p2p.check_p2p(s, _eager_plan(s))
+    plan = p2p.p2p_plan(ps.gpipe(2, 2))
     sends = [b for b in plan[0] if b]
     sends[0][0], sends[1][0] = sends[1][0], sends[0][0]  # rank 0 sends micro-batch 1 before 0
     with pytest.raises(ValueError, match="expects"):
-        ps.check_p2p(ps.gpipe(2, 2), plan)
+        p2p.check_p2p(ps.gpipe(2, 2), plan)
 
 
 def test_bad_schedules_and_arguments_are_refused():
@@ -300,7 +302,7 @@ def test_only_boundary_activations_travel(trained):
         size = 4 * b * (HIDDEN if task == "mlp" else SEQ * EMBD)
         for r in range(n):
             msgs = per_rank[r][who, task, name]["messages"]
-            expected = [m for _, _, send in ps.messages(schedule, r) for m in send]
+            expected = [m for _, _, send in p2p.messages(schedule, r) for m in send]
             assert sum(op == "send" for op, _, _ in msgs) == len(expected)
             assert {nbytes for _, nbytes, _ in msgs} <= {size}, (who, task, name, r)
 
@@ -340,6 +342,26 @@ def test_zero_bubble_and_dualpipe_schedules_run_on_gloo():
         for r in out:
             assert r[1] == r[2], kind
         assert any(name.startswith("W") for name in out[0][1])
+
+
+def test_measured_activations_are_the_count_from_the_order():
+    """What chapter 06 asserts of PyTorch's schedules: each rank's peak of activations, measured by the
+    ActivationTracker, is the count from the schedule's order (a forward adds a micro-batch, the B or W that
+    finishes it releases it), for 1F1B and the schedules that split the backward. A tracker that kept the
+    split backward's graph alive, or that charged the first stage the whole batch, fails it."""
+    from parlab.bench.pipeline import TORCH_SCHEDULES, record
+
+    preload("torch._dynamo", "torch.distributed.pipelining")
+    p, m = 2, 4
+    names = ("1f1b", "zero-bubble", "zbv", "dualpipev")
+    cfg = dict(hidden=HIDDEN, batch=BATCH, blocks_per_rank=2)
+    out = parlab.launch(record, world_size=p, args=([("torch", n, m, 2) for n in names], cfg, 1), timeout=120,
+                        announce=False)
+    for i, name in enumerate(names):
+        order = out[0][i]["pipeline_order"]
+        schedule = ps.one_f_one_b(p, m) if order is None else ps.from_torch(order, m, TORCH_SCHEDULES[name])
+        counted = [peak / schedule.stages_per_rank for peak in ps.peak_in_flight(schedule)]
+        assert [out[r][i]["peak"] / out[r][i]["per_micro_batch"] for r in range(p)] == pytest.approx(counted), name
 
 
 def test_the_simulator_shows_what_ran(trained):

@@ -231,7 +231,7 @@ def pipeline_view(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2, ba
     peaks = [round(max(h for _, h in memory[r]), 2) for r in range(p)]
     summary = (f"{s.name}, p={p}, m={s.num_micro_batches}: bubble {bubble:.1%} simulated, (p−1)/(v·m+p−1) = {formula:.1%}; most activations held, "
                f"in micro-batches of a whole stage, per rank: {peaks}")
-    figure = plots.pipeline(events, title=summary.split(":")[0], unit=1.0, unit_name="forward times",
+    figure = plots.pipeline(events, title="simulated " + summary.split(":")[0], unit=1.0, unit_name="forward times",
                             memory=memory, memory_label="activations held\n(stage micro-batches)")
     return SimpleNamespace(schedule=s, events=events, figure=figure, summary=summary, bubble=bubble,
                            formula=formula, peaks=peaks)
@@ -244,7 +244,7 @@ def pipeline_simulator(p: int = 4, m: int = 8, v: int = 2):
     draws correctly even when JupyterLab runs the callback on another thread."""
     which = _described(w.Dropdown, "schedule", "the order in which each rank runs forwards and backwards",
                        options=list(PIPELINE_SCHEDULES), value="1F1B")
-    ranks = _described(w.IntSlider, "p (ranks)", "pipeline stages, one rank each", value=p, min=2, max=8)
+    ranks = _described(w.IntSlider, "p (ranks)", "pipeline ranks: one stage each, v when interleaved", value=p, min=2, max=8)
     micro = _described(w.IntSlider, "m (micro-batches)", "micro-batches per step", value=m, min=1, max=32)
     chunks = _described(w.IntSlider, "v (stages per rank)", "virtual stages per rank (interleaved 1F1B only)",
                         value=v, min=2, max=4)

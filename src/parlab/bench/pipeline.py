@@ -57,7 +57,11 @@ def _setup(run: tuple, cfg: dict):
         return step, [stages[s] for s in mine], mine, log
     import torch.distributed.pipelining as pipelining
 
-    torch_stages = [pipelining.PipelineStage(stages[s], s, p * v, parlab.device()) for s in mine]
+    # PyTorch cuts the batch into views of one storage, and an ActivationTracker counts a storage once,
+    # whole: the first stage would count the entire batch as soon as it saved one micro-batch's input. A
+    # copy gives each micro-batch's input a storage of its own, as our executor's are.
+    modules = {s: torch.nn.Sequential(_OwnStorage(), *stages[s]) if s == 0 else stages[s] for s in mine}
+    torch_stages = [pipelining.PipelineStage(modules[s], s, p * v, parlab.device()) for s in mine]
     schedule = getattr(pipelining, TORCH_SCHEDULES[name])(torch_stages if v > 1 else torch_stages[0], m,
                                                            loss_fn=F.mse_loss)
 
@@ -72,7 +76,12 @@ def _setup(run: tuple, cfg: dict):
     # PyTorch 2.13 Schedule1F1B's omits the last rank's first forward), so ours stands in for it.
     multi = isinstance(schedule, pipelining.schedules.PipelineScheduleMulti)
     step.pipeline_order = schedule.pipeline_order if multi else None
-    return step, [stages[s] for s in mine], mine, None
+    return step, [modules[s] for s in mine], mine, None
+
+
+class _OwnStorage(torch.nn.Module):
+    def forward(self, x):
+        return x.clone()  # saves nothing for backward; the next layer saves this copy
 
 
 def record(runs: list[tuple], cfg: dict, steps: int = 3) -> list[dict]:

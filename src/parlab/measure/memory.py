@@ -462,7 +462,10 @@ class ActivationTracker:
         if entry[0] == 0:
             self._change(entry[1])
         entry[0] += 1
-        return _Held(self, key, t)
+        # an alias without autograd history: holding `t` itself would let an op that saves its own output
+        # (ReLU) keep its graph alive in a cycle (node -> holder -> t -> t.grad_fn), so a graph dropped
+        # without a backward through it (retain_graph, or a split backward) would never be freed
+        return _Held(self, key, t.detach())
 
     def _release(self, key: int) -> None:
         entry = self._held[key]

@@ -2,8 +2,9 @@
 
 The model is cut into consecutive *stages*; each rank holds one (or, interleaved, several) and passes
 activations forward and gradients backward to its neighbours with point-to-point messages. What differs
-between naive model parallelism, GPipe (Huang et al. 2019, arXiv:1811.06965), 1F1B (Narayanan et al. 2021,
-arXiv:2006.09503) and interleaved 1F1B (Narayanan et al. 2021, arXiv:2104.04473) is only the *order* in
+between naive model parallelism, GPipe (Huang et al. 2019, arXiv:1811.06965), 1F1B (PipeDream, Narayanan et
+al. 2019; flushed every step as here, PipeDream-Flush, Narayanan et al. 2021, arXiv:2006.09503) and
+interleaved 1F1B (Narayanan et al. 2021, arXiv:2104.04473) is only the *order* in
 which each rank runs its forwards and backwards, so the order is data (``pipeline_schedule.Schedule``)
 and this file has a single executor, :class:`Pipeline`, that runs whichever schedule it is given:
 
@@ -34,7 +35,8 @@ from torch import nn
 
 from parlab import runtime
 from parlab.parallel.comm import OnCollective, check_callback, communicate_batch
-from parlab.parallel.pipeline_schedule import Schedule, check_p2p, p2p_plan
+from parlab.parallel.pipeline_p2p import check_p2p, p2p_plan
+from parlab.parallel.pipeline_schedule import Schedule
 
 
 class Pipeline:

@@ -50,6 +50,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from parlab.checks import positive_int
+
 # c10d op name (as the dispatcher sees it) -> the name the course uses
 OP_NAMES = {
     "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "broadcast_": "broadcast",
@@ -105,9 +107,7 @@ def bus_factor(op: str, group_size: int) -> float:
     """nccl-tests' busbw/algbw ratio: the share of the buffer each rank must move over its own link."""
     if op not in BUS_FACTORS:
         raise ValueError(f"op={op!r} has no bus bandwidth factor; known: {', '.join(BUS_FACTORS)}")
-    if not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size={group_size!r} must be a positive integer")
-    return BUS_FACTORS[op](group_size)
+    return BUS_FACTORS[op](positive_int("group_size", group_size, "ranks in the collective's group"))
 
 
 def algbw(nbytes: float, seconds: float) -> float:

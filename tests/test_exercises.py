@@ -215,6 +215,12 @@ def test_one_f_one_b_order_check_both_ways():
 
     with pytest.raises(ExerciseFailed, match=r"stage 0 of 1, 2 micro-batches: operation 1 should be 'B0', got 'F1'"):
         check_one_f_one_b_order(warmup_one_too_many)
+    from parlab.parallel import pipeline_schedule as ps
+
+    with pytest.raises(ExerciseFailed, match="without parlab.parallel.pipeline_schedule's schedules"):
+        check_one_f_one_b_order(lambda stage, num_stages, num_micro_batches:
+                                ps.one_f_one_b(num_stages, num_micro_batches).names(stage))
+    assert ps.one_f_one_b(2, 2).names(0) == ["F0", "F1", "B0", "B1"]  # and the package's schedule is back
 
 
 def test_smallest_micro_batches_check_both_ways():
@@ -250,6 +256,11 @@ def test_peak_activations_check_both_ways():
     assert "all 6" in repr(check_peak_activations(peak))
     with pytest.raises(ExerciseFailed, match=r"\(F0 I0 F1 W0 I1 F2 W1 I2 W2\): expected 2, got 1"):  # planted: I frees
         check_peak_activations(lambda ops: peak(ops, frees=("B", "I")))
+    from parlab.parallel import pipeline_schedule as ps
+
+    with pytest.raises(ExerciseFailed, match="without parlab.parallel.pipeline_schedule's in_flight"):
+        check_peak_activations(lambda ops: max(ps.in_flight(ps.Schedule("x", 1, 1 + max(int(o[1:]) for o in ops), 1, [[ps.Op.parse(o, stage=0)
+                                                                                         for o in ops]]), 0)))
 
 
 def test_group_ranks_check_both_ways():

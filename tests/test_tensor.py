@@ -424,10 +424,18 @@ def _all_reduce_with_summing_backward(layer, x):
     return dist_nn.all_reduce(F.linear(x, layer.weight)) + layer.bias
 
 
+def _correct(layer, x):  # a right answer: the package's code, run as the learner's function
+    return tp.RowParallelLinear.forward(layer, x)
+
+
 def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
     from parlab.exercises import ExerciseFailed, check_row_parallel_forward
 
-    assert "one all-reduce" in repr(check_row_parallel_forward(tp.RowParallelLinear.forward, world_size=3))
+    assert "one all-reduce" in repr(check_row_parallel_forward(_correct, world_size=3))
+    with pytest.raises(ExerciseFailed, match="the package's own RowParallelLinear.forward"):
+        check_row_parallel_forward(tp.RowParallelLinear.forward)  # handing in the answer is refused
+    with pytest.raises(ExerciseFailed, match="called the layer's own forward"):
+        check_row_parallel_forward(lambda layer, x: layer(x))
     with pytest.raises(ExerciseFailed, match="counts 2 times"):
         check_row_parallel_forward(_bias_on_every_rank)
     with pytest.raises(ExerciseFailed, match="never added up"):

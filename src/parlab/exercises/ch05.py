@@ -25,6 +25,8 @@ def _row_parallel_on_rank(fn) -> dict:
         dense.bias.copy_(torch.randn(OUT, generator=g))  # not zero: a bias added t times must show
     x = torch.randn(BATCH, IN, generator=g)
     layer = RowParallelLinear(dense)
+    # the exercise is this forward: calling the layer itself (its own forward) does not count
+    layer.forward = _package_forward
     cols = layer.shards["weight"][1]
     mine = x[:, cols].clone().requires_grad_()  # (batch, in / t): this rank's features
     try:
@@ -32,6 +34,8 @@ def _row_parallel_on_rank(fn) -> dict:
             y = fn(layer, mine)
     except NotImplementedError:
         return {"problem": "row_parallel_forward is not written yet (it raises NotImplementedError)"}
+    except ExerciseFailed as refused:
+        return {"problem": str(refused)}
     if not isinstance(y, torch.Tensor):
         return {"problem": f"row_parallel_forward returned {type(y).__name__}; return the layer's output"}
     partial = F.linear(x[:, cols], layer.weight.detach())
@@ -52,6 +56,11 @@ def _row_parallel_on_rank(fn) -> dict:
                                                 ("weight", layer.weight.grad, dense.weight.grad[:, cols]),
                                                 ("bias", layer.bias.grad, dense.bias.grad))]
     return out
+
+
+def _package_forward(*args, **kwargs):
+    raise ExerciseFailed("row_parallel_forward called the layer's own forward (the package's answer): write "
+                         "it from layer.weight, layer.bias and layer.comm")
 
 
 def _diagnose(r: dict, t: int) -> str | None:
@@ -97,6 +106,10 @@ def check_row_parallel_forward(fn, world_size: int = 2) -> Passed:
         raise TypeError(f"fn must be a function row_parallel_forward(layer, x); got {type(fn).__name__}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or not 2 <= world_size <= IN or IN % world_size:
         raise ValueError(f"world_size must be an int >= 2 dividing {IN}; got {world_size!r}")
+    from parlab.parallel.tensor import RowParallelLinear
+
+    if fn is RowParallelLinear.forward:
+        raise ExerciseFailed("that is the package's own RowParallelLinear.forward: the exercise is to write it")
     per_rank = parlab.launch(_row_parallel_on_rank, world_size=world_size, args=(fn,), announce=False, output="all")
     for rank, r in enumerate(per_rank):
         problem = _diagnose(r, world_size)

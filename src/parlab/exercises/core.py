@@ -13,6 +13,7 @@ A check returns a :class:`Passed` (its ``repr`` is the pass message, so a notebo
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -84,6 +85,23 @@ def _call(fn, **kwargs):
         return fn(**kwargs)
     except NotImplementedError:
         raise ExerciseFailed(f"{_name(fn)} is not written yet (it raises NotImplementedError)") from None
+
+
+@contextlib.contextmanager
+def without(owner, names, why: str):
+    """While a learner's function runs, ``owner.<name>`` for each of ``names`` fails the check, saying
+    ``why``: an exercise that asks for something the package already has cannot be passed by calling it."""
+    def refuse(*args, **kwargs):
+        raise ExerciseFailed(why)
+
+    kept = {name: getattr(owner, name) for name in names}
+    try:
+        for name in names:
+            setattr(owner, name, refuse)
+        yield
+    finally:
+        for name, value in kept.items():
+            setattr(owner, name, value)
 
 
 def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, timeout: float = 30,

@@ -136,3 +136,46 @@ def test_every_chart_is_whole_when_controls_move_on_many_threads():
         inputs = inputs_of(png)
         assert (pixels(png) == pixels(advice_png(recommend(**inputs), inputs))).all(), inputs
     assert inputs_of(sent[-1]) == tool.inputs()  # the last chart shows the controls as they are
+
+
+def test_pipeline_simulator_draws_whole_timelines_when_controls_move_on_many_threads():
+    # Chapter 06's simulator, as the strategy tool above: every timeline it sends, while three threads
+    # move its controls, must be exactly one of the timelines drawn alone for a setting they could reach.
+    from itertools import product
+
+    from parlab.widgets import PIPELINE_SCHEDULES, pipeline_simulator, pipeline_view
+
+    box = pipeline_simulator(p=2, m=4)
+    (which, ratio), (ranks, micro, _), _, image = box.children[0].children, box.children[1].children, *box.children[2:]
+    sent, lock = [], threading.Lock()
+
+    def record(change):
+        with lock:
+            sent.append(change["new"])
+
+    image.observe(record, names="value")
+    moves = [(which, ("GPipe", "1F1B")), (ranks, (4, 2)), (micro, (8, 4))]
+
+    def mover(control, values):
+        for _ in range(3):
+            for v in values:
+                control.value = v
+
+    threads = [threading.Thread(target=mover, args=m) for m in moves]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    def alone(name, p, m):
+        buffer = io.BytesIO()
+        pipeline_view(PIPELINE_SCHEDULES[name], p, m, 2, ratio.value).figure.savefig(buffer, format="png", dpi=80)
+        return pixels(buffer.getvalue())
+
+    references = [alone(*setting) for setting in product(("GPipe", "1F1B"), (2, 4), (4, 8))]
+    assert len(sent) >= len(moves)
+    for png in sent:
+        drawn = pixels(png)
+        assert any(drawn.shape == r.shape and (drawn == r).all() for r in references), "a timeline came out damaged"
+    final = pixels(image.value)
+    assert (final == alone(which.value, ranks.value, micro.value)).all()  # the last move is the one shown

@@ -138,8 +138,31 @@ def test_fit_alpha_beta_recovers_a_known_line():
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
 
 
+def test_fit_alpha_beta_never_goes_negative():
+    # times that fall as messages grow (a loaded machine): the best fit with β = 0, a constant time
+    # (weighted by 1/T: α = Σ(1/T) / Σ(1/T²)), not the unconstrained line's α with its β clipped
+    seconds = [2e-3, 1.5e-3, 1e-3]
+    a, b = fit_alpha_beta([1e3, 1e5, 1e6], seconds)
+    assert b == 0 and a == pytest.approx(sum(1 / t for t in seconds) / sum(1 / t**2 for t in seconds))
+    # a line through below the origin: the best fit with α = 0, a pure bandwidth term
+    sizes = [1e4, 1e6, 1e7]
+    a, b = fit_alpha_beta(sizes, [1e-9 * m - 5e-6 for m in sizes])
+    assert a == 0 and 0 < b < 1e-9
+
+
 def _sweep():
     return sweep("all_reduce", sizes=(1024, 65536), iters=2, warmup=1)
+
+
+def _ping_pong():
+    return sweep("send", sizes=(1024, 1 << 20), iters=2, warmup=1)
+
+
+def test_sweep_send_times_one_message_of_a_ping_pong():
+    points = parlab.launch(_ping_pong, world_size=3, timeout=30, output="none", announce=False)
+    assert [p.bytes for p in points[0]] == [1024, 1 << 20]
+    assert points[0] == points[1] == points[2]  # the slowest rank's time, on every rank
+    assert all(p.seconds > 0 and p.busbw == p.algbw for p in points[0])  # a message's factor is 1
 
 
 def test_sweep_reports_consistent_bandwidths():

@@ -245,3 +245,25 @@ def _bad_decoder(sizes, how):
 def test_bad_decoder_layouts_say_what_is_allowed(sizes, how, message):
     with pytest.raises(parlab.RankError, match=message):
         parlab.launch(_bad_decoder, 4, args=(sizes, how), announce=False, output="none")
+
+
+def test_step_parts_split_a_step_into_computing_moving_and_waiting():
+    from parlab.bench.mixes import Mix, _union, step_parts
+    from parlab.measure.comm import CommRecord
+
+    assert _union([(0, 2), (1, 3), (5, 6)]) == 4 and _union([]) == 0
+    # two data-parallel ranks, one all-reduce: rank 1 joins 3 s after rank 0, both finish at 5; rank 1
+    # also has a pipeline's message in flight from 6 to 7, which counts as computing
+    mix = Mix(dp=2)
+    ar = dict(op="all_reduce", bytes=64, group_size=2)
+    results = [{"recorded": (0.0, 8.0, [CommRecord(start=1.0, end=5.0, rank=0, group_rank=0, **ar)])},
+               {"recorded": (0.0, 8.0, [CommRecord(start=4.0, end=5.0, rank=1, group_rank=1, **ar),
+                                         CommRecord("send", 16, 2, 6.0, 7.0, 1, 1)])}]
+    parts = step_parts(mix, results)  # the slowest rank; equal steps: the first, rank 0
+    assert parts == {"step": 8.0, "waiting": 3.0, "moving": 1.0, "computing": 4.0}
+    results[1]["recorded"] = (0.0, 9.0, results[1]["recorded"][2])
+    assert step_parts(mix, results) == {"step": 9.0, "waiting": 0.0, "moving": 1.0, "computing": 8.0}
+    # an op no partner shares (another size) counts as moving: nothing is known of its group
+    results[0]["recorded"] = (0.0, 10.0, [CommRecord(start=1.0, end=5.0, rank=0, group_rank=0, op="all_reduce",
+                                                     bytes=32, group_size=2)])
+    assert step_parts(mix, results)["waiting"] == 0 and step_parts(mix, results)["moving"] == 4.0

@@ -4,6 +4,7 @@ taking their link figures from it rather than stating their own."""
 
 from __future__ import annotations
 
+import math
 import pathlib
 import re
 
@@ -158,3 +159,40 @@ def test_the_strategy_tools_labels_are_layouts():
     assert layout_on("TP 8 × PP 2 × DP 2 + ZeRO-1", 4) == Mix(tp=2, pp=2)  # no dp left: no ZeRO
     assert layout_on("PP 8 × DP 1", 8) == Mix(dp=4, pp=2)
     assert layout_on("ZeRO-3 ×256", 4) == Mix(dp=4, zero_stage=3)
+
+
+def _ddp_rebuilt_buckets(caps_mb):
+    # PyTorch's DDP on a small GPT-2; it rebuilds its buckets at the second forward (chapter 03)
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parlab.measure import ddp_buckets
+    from parlab.models import tiny_gpt2, token_batch
+
+    out = {}
+    for cap_mb in caps_mb:
+        model = tiny_gpt2(n_layer=4, n_embd=128, n_head=2, vocab_size=256, n_positions=32)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+        for step in range(2):
+            x = token_batch(2, 32, 256, seed=step)
+            ddp(input_ids=x, labels=x).loss.backward()
+        out[cap_mb] = [nbytes for _, nbytes in ddp_buckets(ddp)]
+    return out, model.config
+
+
+def test_ddp_buckets_are_the_buckets_pytorchs_ddp_builds():
+    import parlab
+
+    built, config = parlab.launch(_ddp_rebuilt_buckets, 2, args=((None, 0.5),), timeout=120, announce=False,
+                                  output="none")[0]
+    for cap_mb, got in built.items():
+        want = planner.ddp_buckets(config, value_bytes=4, bucket_bytes=None if cap_mb is None else int(cap_mb * 2**20))
+        assert want == got, (cap_mb, want, got)
+        assert len(want) > 1  # more than one bucket: the assignment is tested, not one sum
+    # GPT-2 XL in bf16 at DDP's default: every gradient once, in fewer buckets than bytes ÷ 25 MiB, since a
+    # bucket closes only once it holds the cap or more
+    buckets = planner.ddp_buckets("GPT-2 XL (1.5B)")
+    psi = planner.Workload("GPT-2 XL (1.5B)", global_batch=1, seq_len=1).num_params
+    assert sum(buckets) == 2 * psi and len(buckets) == 73 < math.ceil(2 * psi / 2**20 / 25)
+    assert len(planner.ddp_buckets("GPT-2 XL (1.5B)", value_bytes=4)) == 145  # fp32 gradients: twice the bytes
+    with pytest.raises(ValueError, match="value_bytes=3"):
+        planner.ddp_buckets("GPT-2 XL (1.5B)", value_bytes=3)

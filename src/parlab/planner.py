@@ -341,3 +341,39 @@ def cluster_of(name: str, nodes: int = 1, **changes) -> Cluster:
     if name not in ("nvlink", "pcie"):
         raise ValueError(f"name={name!r}; choose 'nvlink' or 'pcie' (the link inside a node)")
     return replace(Cluster(nodes=nodes, intra=LINKS[name]), **changes)
+
+
+# -- DDP's buckets as PyTorch cuts them (chapter 06) ---------------------------------------------------------
+
+def ddp_buckets(model, value_bytes: int = 2, bucket_bytes: int | None = None) -> list[int]:
+    """Bytes of each bucket PyTorch's ``DistributedDataParallel`` all-reduces per step for ``model`` (a
+    transformers config or a ``parlab.advice`` preset name) whose gradients take ``value_bytes`` each (2:
+    a bf16 model; 4: fp32 weights, as under ``torch.autocast``). Each bucket is one all-reduce: on a ring,
+    2(n−1) messages (:func:`ring_costs`).
+
+    ``bucket_bytes``: DDP's ``bucket_cap_mb`` in bytes; ``None``, DDP's default: 25 MiB
+    (``torch/nn/parallel/distributed.py``: ``_DEFAULT_BUCKET_CAP_MB = 25``, ``_MB_TO_BYTES = 1024 * 1024``),
+    and then a first bucket of ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB), as DDP rebuilds them after
+    the first step (chapter 03). The assignment is DDP's own function,
+    ``dist._compute_bucket_assignment_by_size`` (a bucket closes once it holds the cap or more, so a few
+    large weights make buckets larger than the cap and fewer than bytes ÷ cap), run over the parameters in
+    reverse order on the meta device: nothing is allocated."""
+    import torch
+    import torch.distributed as dist
+
+    from parlab.advice import preset
+    from parlab.measure.activations import meta_model
+    from parlab.parallel.ddp import DEFAULT_BUCKET_BYTES
+
+    dtypes = {2: torch.bfloat16, 4: torch.float32}
+    if value_bytes not in dtypes:
+        raise ValueError(f"value_bytes={value_bytes!r}; choose 2 (bf16 gradients) or 4 (fp32 gradients)")
+    if bucket_bytes is not None:
+        positive_int("bucket_bytes", bucket_bytes, "bytes per bucket (DDP's bucket_cap_mb × 2**20)")
+    config = preset(model) if isinstance(model, str) else model
+    grads = [torch.empty(p.numel(), dtype=dtypes[value_bytes], device="meta")
+             for p in reversed(list(meta_model(config.to_json_string()).parameters()))]
+    limits = ([dist._DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_BUCKET_BYTES] if bucket_bytes is None
+              else [bucket_bytes])
+    buckets, _ = dist._compute_bucket_assignment_by_size(grads, limits, [False] * len(grads))
+    return [sum(grads[i].numel() * value_bytes for i in bucket) for bucket in buckets]

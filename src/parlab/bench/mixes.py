@@ -71,16 +71,21 @@ def run(mix: Mix, cfg: dict) -> dict:
     """On every rank: train ``cfg["steps"]`` steps of :func:`make_model` under ``mix`` with
     ``cfg["micro_batches"]`` micro-batches per pipeline step; then measure. Returns this rank's
     ``losses``, ``coords``, ``memory`` (bytes by part), ``bytes`` ({axis: {op: bytes}} of one step),
-    ``step_s`` (the slowest rank's median), ``events`` (a timeline of one step's pipeline operations)."""
+    ``step_s`` (the slowest rank's median), ``events`` (a timeline of one step's pipeline operations),
+    and ``recorded``: the last timed step's start, end, and the collectives the course's strategies
+    reported in it, each with its start and end on this machine's one clock (:func:`step_parts`)."""
     from parlab import runtime
-    from parlab.measure import Timeline
+    from parlab.measure import CommLog, Timeline
     from parlab.models import shard
     from parlab.parallel import Topology
     from parlab.training import train_steps
 
     topo = Topology.build(dp=mix.dp, tp=mix.tp, pp=mix.pp)
+    # The course's strategies report each collective through one door (parlab.parallel.communicate): a
+    # list append per op, cheap enough to leave on while the steps are timed (FSDP2's are not reported).
+    log = CommLog()
     parts = parallelize(make_model(cfg), topo, num_micro_batches=cfg["micro_batches"], optimizer=torch.optim.AdamW,
-                        optimizer_kwargs=ADAMW, **mix.parallelize_kwargs())
+                        optimizer_kwargs=ADAMW, on_collective=log, **mix.parallelize_kwargs())
     losses = train_steps(parts, batches(cfg, cfg["steps"]))
     memory = parts.memory().as_dict()  # after a step: gradients and optimizer state exist
     x, y = (t.to(runtime.device()) for t in shard(batches(cfg, 1, start=cfg["steps"])[0], topo.coord("dp"), topo.dp))
@@ -100,16 +105,18 @@ def run(mix: Mix, cfg: dict) -> dict:
     seconds = []
     for _ in range(cfg.get("timed", 3)):
         dist.barrier()
+        log.records.clear()
         start = time.perf_counter()
         step()
         _sync()
         seconds.append(time.perf_counter() - start)
+        recorded = (start, start + seconds[-1], list(log.records))  # the last timed step, op by op
     slowest = torch.tensor([statistics.median(seconds)], device=runtime.device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank does
     timeline = Timeline()
     step(timeline)
     return {"losses": losses, "coords": {a: topo.coord(a) for a in ("pp", "dp", "tp")}, "memory": memory,
-            "bytes": sent, "step_s": slowest.item(), "events": timeline.events}
+            "bytes": sent, "step_s": slowest.item(), "events": timeline.events, "recorded": recorded}
 
 
 def _sync() -> None:
@@ -171,12 +178,16 @@ def summarize(mix: Mix, results: list[dict], cfg: dict) -> dict:
     return row
 
 
-def calibrate(cfg: dict, sequences: int = 2, reps: int = 3) -> dict:
+def calibrate(cfg: dict, sequences: int = 2, reps: int = 4) -> dict:
     """On every rank at once (the cores shared as in training): what ``parlab.planner`` needs to know of this
     machine. ``flops``: 6Ψ·tokens over the time of a forward and backward of :func:`make_model` on
     ``sequences`` sequences; ``memory_bandwidth``: 32 bytes per parameter over an AdamW step's time;
     ``alpha`` and ``bandwidth``: chapter 02's fit of one message between two ranks (a broadcast within
-    pairs, every pair at once). The slowest rank's figures."""
+    pairs, every pair at once). The slowest rank's figures. And what the planner leaves out: the same
+    forward and backward on 1, ``sequences`` and 2 × ``sequences`` sequences (``passes``: the fastest of
+    ``reps`` each), fitted as ``pass_s`` + tokens × 6Ψ / ``marginal_flops`` (chapter 02's fit once more):
+    ``pass_s`` is what a pass costs whatever its size (Python and the dispatch of each op), which one FLOP
+    rate cannot carry."""
     from parlab import planner
     from parlab.measure import fit_alpha_beta, sweep
     from parlab.models import token_batch
@@ -187,29 +198,36 @@ def calibrate(cfg: dict, sequences: int = 2, reps: int = 3) -> dict:
     model = make_model(cfg).to(runtime.device())
     psi = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
-    ids = token_batch(sequences, cfg["seq_len"], cfg["vocab_size"], seed=0).to(runtime.device())
-    compute, update = [], []
-    for _ in range(reps + 1):  # the first, untimed, creates the optimizer's state
-        dist.barrier()
-        start = time.perf_counter()
-        model(input_ids=ids, labels=ids).loss.backward()
-        _sync()
-        middle = time.perf_counter()
-        opt.step()
-        opt.zero_grad()
-        _sync()
-        compute.append(middle - start)
-        update.append(time.perf_counter() - middle)
+    counts = sorted({1, sequences, 2 * sequences})
+    compute, update = {n: [] for n in counts}, []
+    for n in counts:
+        ids = token_batch(n, cfg["seq_len"], cfg["vocab_size"], seed=0).to(runtime.device())
+        for _ in range(reps + 1):  # the first, untimed, creates the optimizer's state and warms the sizes
+            dist.barrier()
+            start = time.perf_counter()
+            model(input_ids=ids, labels=ids).loss.backward()
+            _sync()
+            middle = time.perf_counter()
+            opt.step()
+            opt.zero_grad()
+            _sync()
+            compute[n].append(middle - start)
+            update.append(time.perf_counter() - middle)
     pairs = Topology.build(tp=2).group("tp") if dist.get_world_size() % 2 == 0 else None
     points = sweep("broadcast", sizes=[1 << k for k in range(12, 21, 2)], iters=5, group=pairs)
     alpha, beta = fit_alpha_beta([p.bytes for p in points], [p.seconds for p in points])
-    slowest = torch.tensor([statistics.median(compute[1:]), statistics.median(update[1:]), alpha, beta],
-                           device=runtime.device())
+    # the fit takes each size's fastest pass: the machine's other work only ever adds to a time
+    passes = [min(compute[n][1:]) for n in counts]
+    slowest = torch.tensor([statistics.median(compute[sequences][1:]), *passes, statistics.median(update[1:]),
+                            alpha, beta], device=runtime.device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    f, u, alpha, beta = slowest.tolist()
+    f, *passes, u, alpha, beta = slowest.tolist()
+    pass_s, per_token = fit_alpha_beta([n * cfg["seq_len"] for n in counts], passes)
     return {"flops": 6 * psi * sequences * cfg["seq_len"] / f,
             "memory_bandwidth": planner.OPTIMIZER_BYTES_PER_PARAM * psi / u,
-            "alpha": alpha, "bandwidth": 1 / beta if beta > 0 else float("inf")}
+            "alpha": alpha, "bandwidth": 1 / beta if beta > 0 else float("inf"),
+            "passes": dict(zip(counts, passes)), "pass_s": pass_s,
+            "marginal_flops": 6 * psi / per_token if per_token > 0 else float("inf")}
 
 
 def this_machine(calibration: dict, world_size: int):
@@ -222,3 +240,50 @@ def this_machine(calibration: dict, world_size: int):
     link = planner.Link("gloo, this machine", calibration["alpha"], calibration["bandwidth"],
                         "fitted here (chapter 02's sweep and fit_alpha_beta)")
     return planner.Cluster(gpu=rank, gpus_per_node=world_size, intra=link, inter=link, utilization=1.0, overlap=False)
+
+
+P2P = ("send", "recv")
+
+
+def _union(intervals) -> float:
+    """Seconds covered by at least one of the ``(start, end)`` intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def step_parts(mix: Mix, results: list[dict]) -> dict:
+    """Where the last timed step of one :func:`run` went, on its slowest rank (seconds): ``step``, of which
+    ``waiting`` (inside a collective before the last rank of its group had joined: waiting for the
+    slowest), ``moving`` (inside collectives, every rank there) and ``computing`` (no collective in flight:
+    forward, backward, optimizer, the Python around them, and a pipeline's messages and bubble, since its
+    receives are posted ahead and their records cannot tell waiting from computing). A collective's partners are the ranks of one of
+    its axis's groups that were in the same op, of the same size, at the same time; ``time.perf_counter``
+    is one clock for every process of the machine. An asynchronous collective (the course's DDP during
+    backward) runs beside the computation: its time counts as collective, not computing."""
+    from parlab.parallel import Topology
+
+    topo = Topology(dp=mix.dp, tp=mix.tp, pp=mix.pp)
+    sizes = {"dp": mix.dp, "tp": mix.tp, "pp": mix.pp}
+    parts = []
+    for rank, r in enumerate(results):  # launch returns the ranks' results in rank order
+        start, end, records = r["recorded"]
+        coll = [rec for rec in records if rec.op not in P2P]
+        waits = []
+        for rec in coll:
+            joined = rec.start
+            for axis in (a for a, n in sizes.items() if n == rec.group_size):
+                partners = [next((o for o in results[g]["recorded"][2] if o.op == rec.op and o.bytes == rec.bytes
+                                  and o.start <= rec.end and o.end >= rec.start), None)
+                            for g in topo.group_ranks(axis, rank)]
+                if all(partners):
+                    joined = max(o.start for o in partners)
+                    break
+            waits.append((rec.start, min(max(joined, rec.start), rec.end)))
+        in_coll, waiting = _union((rec.start, rec.end) for rec in coll), _union(waits)
+        parts.append({"step": end - start, "waiting": waiting, "moving": in_coll - waiting,
+                      "computing": end - start - in_coll})
+    return max(parts, key=lambda part: part["step"])

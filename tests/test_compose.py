@@ -267,3 +267,22 @@ def test_step_parts_split_a_step_into_computing_moving_and_waiting():
     results[0]["recorded"] = (0.0, 10.0, [CommRecord(start=1.0, end=5.0, rank=0, group_rank=0, op="all_reduce",
                                                      bytes=32, group_size=2)])
     assert step_parts(mix, results)["waiting"] == 0 and step_parts(mix, results)["moving"] == 4.0
+
+
+def test_params_held_counts_each_stage_from_the_shapes():
+    """What the notebook's bytes on dp follow: each stage's parameters (tp = 1: every stage of chapter 06's
+    split counted), and under TP the split layers divided by t, the rest whole."""
+    from parlab.bench import mixes
+    from parlab.parallel.pipeline import split_gpt2
+
+    cfg = mixes.SIZES
+    model = mixes.make_model(cfg)
+    for pp in (1, 2, 4):
+        stages = split_gpt2(model, pp)
+        assert [mixes.params_held(cfg, s, pp) for s in range(pp)] == \
+            [sum(p.numel() for p in stage.parameters()) for stage in stages]
+    h, v = cfg["n_embd"], cfg["vocab_size"]
+    split = cfg["n_layer"] * (12 * h * h + 7 * h) + 2 * v * h  # what Megatron's plan splits, whole model
+    assert sum(mixes.params_held(cfg, s, 2, 2) for s in range(2)) == mixes.num_params(cfg) - split // 2
+    with pytest.raises(ValueError, match="pp must divide n_layer=4"):
+        mixes.params_held(cfg, 0, pp=3)

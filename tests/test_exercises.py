@@ -265,6 +265,7 @@ def test_peak_activations_check_both_ways():
 
 def test_group_ranks_check_both_ways():
     from parlab.exercises import check_group_ranks
+    from parlab.parallel import Topology
 
     def group_ranks(rank, axis, sizes):
         strides = {"tp": 1, "dp": sizes["tp"], "pp": sizes["tp"] * sizes["dp"]}
@@ -279,34 +280,101 @@ def test_group_ranks_check_both_ways():
 
     with pytest.raises(ExerciseFailed, match=r"rank=0, axis='dp', sizes=\{'pp': 1, 'dp': 4, 'tp': 2\}\): expected \[0, 2, 4, 6\]"):
         check_group_ranks(blocks)
+    for shortcut in (lambda rank, axis, sizes: Topology(**sizes).group_ranks(axis, rank),
+                     lambda rank, axis, sizes: next(g for g in Topology(**sizes).groups(axis) if rank in g)):
+        with pytest.raises(ExerciseFailed, match="without parlab.parallel.Topology: what is the stride"):
+            check_group_ranks(shortcut)
+    assert Topology(pp=2, dp=2, tp=2).group_ranks("dp", 1) == [1, 3]  # and the package's answer is back
+
+
+def _states(num_params, dp, tp, pp, zero_stage, over=None):
+    psi = num_params / (tp * pp)
+    n = over or dp
+    weights, grads, adam = 2 * psi, 2 * psi, 12 * psi
+    return weights / (n if zero_stage >= 3 else 1) + grads / (n if zero_stage >= 2 else 1) + \
+        adam / (n if zero_stage >= 1 else 1)
 
 
 def test_model_states_check_both_ways():
+    import parlab.measure
+    from parlab import planner
     from parlab.exercises import check_model_states
 
-    def states(num_params, dp, tp, pp, zero_stage, over=None):
-        psi = num_params / (tp * pp)
-        n = over or dp
-        weights, grads, adam = 2 * psi, 2 * psi, 12 * psi
-        return weights / (n if zero_stage >= 3 else 1) + grads / (n if zero_stage >= 2 else 1) + \
-            adam / (n if zero_stage >= 1 else 1)
-
-    assert "all 48 layouts" in repr(check_model_states(states))
+    assert "all 48 layouts" in repr(check_model_states(_states))
     with pytest.raises(ExerciseFailed, match="ZeRO sharding over all the ranks"):  # planted: ZeRO over the world
         check_model_states(lambda num_params, dp, tp, pp, zero_stage:
-                           states(num_params, dp, tp, pp, zero_stage, over=dp * tp * pp))
+                           _states(num_params, dp, tp, pp, zero_stage, over=dp * tp * pp))
+
+    def estimated(num_params, dp, tp, pp, zero_stage):  # the package's answer, refused
+        return parlab.measure.estimate_memory(num_params=num_params, precision="bf16", world_size=dp * tp * pp,
+                                              tp_size=tp, pp_size=pp, zero_stage=zero_stage).model_states
+
+    def priced(num_params, dp, tp, pp, zero_stage):  # the same through the planner, refused too
+        workload = planner.Workload("Llama 2 7B", global_batch=dp, seq_len=1)
+        layout = planner.Layout(dp=dp, tp=tp, pp=pp, zero_stage=zero_stage)
+        return planner.predict(workload, layout, planner.Cluster(gpus_per_node=dp * tp * pp)).memory.model_states
+
+    for shortcut in (estimated, priced):
+        with pytest.raises(ExerciseFailed, match="without estimate_memory or the planner"):
+            check_model_states(shortcut)
+    assert parlab.measure.estimate_memory(num_params=10).model_states == 160  # and the package's answer is back
+
+
+def _layouts(workload, cluster):
+    """Every layout the batch and model allow, TP inside a node."""
+    from parlab import planner
+
+    heads, n = workload.config.num_attention_heads, cluster.world_size
+    for tp in (t for t in (1, 2, 4, 8) if t <= cluster.gpus_per_node and heads % t == 0):
+        for pp in (p for p in range(1, workload.layers + 1) if workload.layers % p == 0 and n % (tp * p) == 0):
+            dp = n // (tp * pp)
+            if workload.global_batch % (dp * workload.micro_batch) == 0:
+                yield from (planner.Layout(dp=dp, tp=tp, pp=pp, zero_stage=z) for z in ((0, 1, 2, 3) if dp > 1 else (0,)))
+
+
+def _fits(workload, cluster, layout):
+    from parlab.measure import estimate_memory
+
+    return estimate_memory(workload.config, precision=workload.precision, optimizer=workload.optimizer,
+                           world_size=cluster.world_size, zero_stage=layout.zero_stage, tp_size=layout.tp,
+                           pp_size=layout.pp, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
+                           checkpointing=workload.checkpointing).total <= cluster.gpu.memory
+
+
+def _by_the_rules(workload, cluster, price):
+    """The notebook's solution: memory first, the guide's rules shortlist, three priced."""
+    fitting = [layout for layout in _layouts(workload, cluster) if _fits(workload, cluster, layout)]
+    if cluster.nodes > 1 and cluster.inter.bandwidth < cluster.intra.bandwidth / 20:  # slow: only PP crosses
+        shortlist = sorted((l for l in fitting if l.tp * l.dp <= cluster.gpus_per_node), key=lambda l: (l.pp, -l.zero_stage))
+    elif cluster.intra.bandwidth < 50e9 and workload.seq_len * workload.micro_batch <= 1024:  # PCIe, short
+        shortlist = sorted((l for l in fitting if l.pp > 1), key=lambda l: (-l.pp, l.tp))
+    else:  # the least model parallelism, the most ZeRO
+        shortlist = sorted(fitting, key=lambda l: (l.tp * l.pp, -l.zero_stage))
+    return min(shortlist[:3], key=lambda layout: price(layout).step_s)
 
 
 def test_layout_choice_check_both_ways():
     from parlab import planner
     from parlab.exercises import check_layout_choice
 
-    def best(workload, cluster):
-        return next(p for p in planner.candidates(workload, cluster) if p.fits).layout
-
-    assert "all 4 scenarios" in repr(check_layout_choice(best))
+    assert "all 6 scenarios, pricing at most 3" in repr(check_layout_choice(_by_the_rules))
     with pytest.raises(ExerciseFailed, match=r"Llama 2 7B.*DP 8 needs .* GB per GPU"):  # planted: DDP everywhere
-        check_layout_choice(lambda workload, cluster: planner.Layout(dp=cluster.world_size))
-    with pytest.raises(ExerciseFailed, match="TP 16 spans nodes"):  # planted: TP over every GPU
-        check_layout_choice(lambda workload, cluster: planner.Layout(tp=cluster.world_size) if cluster.nodes > 1
-                            else best(workload, cluster))
+        check_layout_choice(lambda workload, cluster, price: planner.Layout(dp=cluster.world_size))
+    with pytest.raises(ExerciseFailed, match="TP 32 spans nodes of 8 GPUs"):  # planted: TP over every GPU
+        check_layout_choice(lambda workload, cluster, price: planner.Layout(tp=cluster.world_size) if cluster.nodes > 1
+                            else _by_the_rules(workload, cluster, price))
+
+    def least_model_parallel(workload, cluster, price):  # planted: the one-node rule everywhere
+        fitting = [l for l in _layouts(workload, cluster) if _fits(workload, cluster, l)]
+        return min(sorted(fitting, key=lambda l: (l.tp * l.pp, -l.zero_stage))[:3], key=lambda l: price(l).step_s)
+
+    with pytest.raises(ExerciseFailed, match=r"16 sequences of 512 .* fits but takes .* Where does yours lose time"):
+        check_layout_choice(least_model_parallel)
+    with pytest.raises(ExerciseFailed, match="priced 4 layouts .* the budget is 3"):  # planted: price everything
+        check_layout_choice(lambda workload, cluster, price: min(_layouts(workload, cluster),
+                                                                 key=lambda l: (not price(l).fits, price(l).step_s)))
+    for shortcut in (lambda workload, cluster, price: next(p for p in planner.candidates(workload, cluster) if p.fits).layout,
+                     lambda workload, cluster, price: planner.predict(workload, planner.Layout(dp=8), cluster).layout):
+        with pytest.raises(ExerciseFailed, match="without the planner's predict or candidates"):
+            check_layout_choice(shortcut)
+    assert planner.candidates(planner.Workload("Llama 2 7B", 8, 512), planner.cluster_of("nvlink"))  # back

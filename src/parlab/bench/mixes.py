@@ -135,6 +135,26 @@ def num_params(cfg: dict) -> int:
     return sum(p.numel() for p in make_model(cfg).parameters())
 
 
+def params_held(cfg: dict, stage: int, pp: int = 1, tp: int = 1) -> int:
+    """Parameters one rank of pipeline stage ``stage`` (of ``pp``) holds under the course's tensor
+    parallelism over ``tp`` ranks, from :func:`make_model`'s shapes alone: the count the bytes on ``dp``
+    follow (chapter 07). With hidden width h, vocabulary V, S positions and L/p blocks per stage, a GPT-2
+    block has 12h² + 13h parameters: Megatron splits c_attn and c_fc (weights and biases) and both
+    c_proj weights, 12h² + 7h, over the tp ranks; the two layer norms and the c_proj biases, 6h, stay whole
+    on each. The first stage adds the token embedding, split by vocabulary (V·h / t), and the positions,
+    whole (S·h); the last adds the final norm, whole (2h), and the LM head, split by vocabulary (V·h / t)."""
+    h, v, s, layers = cfg["n_embd"], cfg["vocab_size"], cfg["seq_len"], cfg["n_layer"]
+    if layers % pp or (12 * h * h + 7 * h + 2 * v * h) % tp or not 0 <= stage < pp:
+        raise ValueError(f"stage={stage}, pp={pp}, tp={tp}: pp must divide n_layer={layers}, tp the split "
+                         f"layers (width {h}, vocabulary {v}), and 0 ≤ stage < pp")
+    held = layers // pp * ((12 * h * h + 7 * h) // tp + 6 * h)  # (L/p) blocks
+    if stage == 0:
+        held += v * h // tp + s * h  # wte split by vocabulary, wpe whole
+    if stage == pp - 1:
+        held += 2 * h + v * h // tp  # ln_f whole, lm_head split by vocabulary
+    return held
+
+
 def layout_on(label: str, world_size: int) -> Mix | None:
     """The layout a recommendation names (``parlab.planner.layout_of``), on ``world_size`` ranks: the same
     axes, each model-parallel axis of size 2 (the tiny model has 4 layers and 4 heads), data parallelism

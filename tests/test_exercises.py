@@ -378,3 +378,23 @@ def test_layout_choice_check_both_ways():
         with pytest.raises(ExerciseFailed, match="without the planner's predict or candidates"):
             check_layout_choice(shortcut)
     assert planner.candidates(planner.Workload("Llama 2 7B", 8, 512), planner.cluster_of("nvlink"))  # back
+
+
+def test_chapter_07_solutions_shown_pass_their_checks():
+    """The solutions chapter 07 shows (collapsed, never run there) pass the checks, refusals and budget
+    included: what a learner copies works."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    from parlab import measure, planner
+    from parlab.exercises import check_group_ranks, check_layout_choice, check_model_states
+
+    notebook = nbformat.read(Path(__file__).parents[1] / "notebooks" / "07_putting_it_together.ipynb", 4)
+    (details,) = [c.source for c in notebook.cells if c.source.startswith("<details><summary>Solutions")]
+    namespace = {"measure": measure, "planner": planner}  # what the chapter imported
+    exec(re.search(r"```python\n(.*?)```", details, re.S).group(1), namespace)
+    check_group_ranks(namespace["group_ranks"])
+    check_model_states(namespace["model_states"])
+    check_layout_choice(namespace["choose_layout"])

@@ -141,6 +141,9 @@ def test_chapters_take_their_link_figures_from_the_planner(chapter):
     for line in code.splitlines():
         assert not re.search(r"\d(\.\d+)?e9\b.*\d(\.\d+)?e-6\b|\d(\.\d+)?e-6\b.*\d(\.\d+)?e9\b", line), \
             f"{chapter}: a link figure stated in place: {line.strip()}"
+        # a bandwidth beside a link's name (``pcie = 25e9``), other than a division for printing
+        assert not re.search(r"(?i)(pcie|nvlink|infiniband|ethernet).*(?<![/.\w])(?<!/ )\d+(\.\d+)?e9\b", line), \
+            f"{chapter}: a link's bandwidth stated in place: {line.strip()}"
 
 
 def test_the_strategy_tools_labels_are_layouts():

@@ -29,14 +29,14 @@ def make_model(cfg: dict):
                      vocab_size=cfg["vocab_size"], n_positions=cfg["seq_len"], seed=0)
 
 
-def prepare(kind: str, cfg: dict):
+def prepare(kind: str, cfg: dict, group=None):
     """(model to call, what takes the step: ``.step()``, ``.zero_grad()``, (module, optimizer) for
-    ``measure_memory``) of one implementation, on this rank."""
+    ``measure_memory``) of one implementation, on this rank, over ``group`` (default: all ranks; FSDP2: all)."""
     from parlab.parallel import ZeroStage1, ZeroStage2, ZeroStage3
 
     dev = parlab.device()
     model = make_model(cfg).to(dev)
-    adamw = dict(lr=1e-4)
+    adamw = dict(lr=1e-4, process_group=group)
     if kind.startswith("zero"):
         if kind == "zero1":
             zero = ZeroStage1(model, torch.optim.AdamW, **adamw)
@@ -46,6 +46,7 @@ def prepare(kind: str, cfg: dict):
             zero = ZeroStage3(model, torch.optim.AdamW, blocks=model.transformer.h,
                               prefetch=kind == "zero3_prefetch", **adamw)
         return zero, zero, (zero, zero.optimizer)
+    adamw.pop("process_group")
     if kind == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -57,7 +58,8 @@ def prepare(kind: str, cfg: dict):
     if kind == "ddp":
         # Gradients as views of DDP's buckets: one copy of them, as the memory formula counts.
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                                        bucket_cap_mb=cfg["bucket_mb"], gradient_as_bucket_view=True)
+                                                        bucket_cap_mb=cfg["bucket_mb"], gradient_as_bucket_view=True,
+                                                        process_group=group)
         opt = torch.optim.AdamW(ddp.parameters(), **adamw)
         opt.zero_grad = functools.partial(opt.zero_grad, set_to_none=False)  # keep the bucket views
         return ddp, opt, (model, opt)
@@ -69,19 +71,10 @@ def measure(cfg: dict) -> dict:
     {"times": {kind: [seconds per step, one per round]} (the slowest rank's), "memory": {kind: bytes this rank
     holds after a step, by part, and "peak": the most during one (on a CPU, the least of three steps' peaks)},
     "groups": {kind: [(name, numel, padded numel)] of the course's stages' flat groups}, "num_params"}."""
-    from parlab.models import shard, token_batch
-
-    rank, n, dev = parlab.rank(), parlab.world_size(), parlab.device()
+    dev = parlab.device()
     kinds = cfg.get("kinds", KINDS)
     runs = {k: prepare(k, cfg) for k in kinds}
-    x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(dev)
-
-    def step(kind, zero_grad=True):
-        model, stepper, _ = runs[kind]
-        model(input_ids=x, labels=x).loss.backward()
-        stepper.step()
-        if zero_grad:
-            stepper.zero_grad()
+    step = _stepper(runs, cfg)
 
     memory = {}
     # On a CPU rank, peak_memory now and then counts a buffer that gloo's worker freed unseen (a bucket's or a
@@ -104,6 +97,48 @@ def measure(cfg: dict) -> dict:
               if hasattr(run[0], "groups")}
     return {"times": times, "memory": memory, "groups": groups,
             "num_params": sum(p.numel() for p in make_model(cfg).parameters())}
+
+
+def _stepper(runs: dict, cfg: dict):
+    """step(kind, zero_grad=True): one training step of ``runs[kind]`` on this rank's shard of the batch."""
+    from parlab.models import shard, token_batch
+
+    rank, n = parlab.rank(), parlab.world_size()
+    x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(parlab.device())
+
+    def step(kind, zero_grad=True):
+        model, stepper, _ = runs[kind]
+        model(input_ids=x, labels=x).loss.backward()
+        stepper.step()
+        if zero_grad:
+            stepper.zero_grad()
+
+    return step
+
+
+def time_apart(cfg: dict) -> dict:
+    """On every rank at once, in alternating rounds (chapter 04, section 8): seconds per step of each of
+    ``cfg["kinds"]`` (not FSDP2) over all ranks (``"together"``) and with each rank in a process group of its
+    own (``"alone"``: nothing to send, no peer to wait for; what is left is the computation, the optimizer
+    over every weight, since a rank alone holds every shard, and the implementation's own work: hooks, copies
+    into and out of flat buffers, calls into a collective of one rank), and of the plain model with AdamW
+    (``"plain"``); then :func:`time_compute`'s forward, backward and optimizer. Medians; the slowest rank's."""
+    import statistics
+
+    import torch.distributed as dist
+
+    alone, _ = dist.new_subgroups(group_size=1)
+    kinds = [k for k in cfg.get("kinds", KINDS) if k != "fsdp2"]
+    runs = {k: prepare(k, cfg) for k in kinds} | {f"{k} alone": prepare(k, cfg, group=alone) for k in kinds}
+    model = make_model(cfg).to(parlab.device())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    runs["plain"] = model, opt, (model, opt)
+    step = _stepper(runs, cfg)
+    times = time_alternating({k: functools.partial(step, k) for k in runs}, rounds=cfg["rounds"],
+                             steps=cfg["steps"], warmup=cfg["warmup"])
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return {"together": {k: median[k] for k in kinds}, "alone": {k: median[f"{k} alone"] for k in kinds},
+            "plain": median["plain"], "compute": time_compute(cfg)}
 
 
 def plot(result: dict, title: str, reference: str):

@@ -1,6 +1,7 @@
 """ZeRO's stages (``parlab.parallel.zero``) beside PyTorch's DDP and FSDP2: step time and memory per rank, every
 implementation on the same model in the same ranks, timed in alternating rounds (chapter 04, section 7;
-``benchmarks/zero.py``); and :func:`time_compute`, the compute that ``parlab.planner.predict_dp_step`` takes.
+``benchmarks/zero.py``); :func:`time_compute`, the compute that ``parlab.planner.predict_dp_step`` takes; and
+:func:`time_apart`, what that model leaves out: each implementation alone and with its peers (section 8).
 """
 
 from __future__ import annotations

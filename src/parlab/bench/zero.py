@@ -1,7 +1,7 @@
 """ZeRO's stages (``parlab.parallel.zero``) beside PyTorch's DDP and FSDP2: step time and memory per rank, every
 implementation on the same model in the same ranks, timed in alternating rounds (chapter 04, section 7;
-``benchmarks/zero.py``); :func:`time_compute`, the compute that ``parlab.planner.predict_dp_step`` takes; and
-:func:`time_apart`, what that model leaves out: each implementation alone and with its peers (section 8).
+``benchmarks/zero.py``); and :func:`time_apart` for section 8: the compute that ``parlab.planner.predict_dp_step``
+takes, and what that model leaves out, each implementation timed alone and with its peers.
 """
 
 from __future__ import annotations
@@ -117,31 +117,6 @@ def _stepper(runs: dict, cfg: dict):
     return step
 
 
-def time_apart(cfg: dict) -> dict:
-    """On every rank at once, in alternating rounds (chapter 04, section 8): seconds per step of each of
-    ``cfg["kinds"]`` (not FSDP2) over all ranks (``"together"``) and with each rank in a process group of its
-    own (``"alone"``: nothing to send, no peer to wait for; what is left is the computation, the optimizer
-    over every weight, since a rank alone holds every shard, and the implementation's own work: hooks, copies
-    into and out of flat buffers, calls into a collective of one rank), and of the plain model with AdamW
-    (``"plain"``); then :func:`time_compute`'s forward, backward and optimizer. Medians; the slowest rank's."""
-    import statistics
-
-    import torch.distributed as dist
-
-    alone, _ = dist.new_subgroups(group_size=1)
-    kinds = [k for k in cfg.get("kinds", KINDS) if k != "fsdp2"]
-    runs = {k: prepare(k, cfg) for k in kinds} | {f"{k} alone": prepare(k, cfg, group=alone) for k in kinds}
-    model = make_model(cfg).to(parlab.device())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    runs["plain"] = model, opt, (model, opt)
-    step = _stepper(runs, cfg)
-    times = time_alternating({k: functools.partial(step, k) for k in runs}, rounds=cfg["rounds"],
-                             steps=cfg["steps"], warmup=cfg["warmup"])
-    median = {k: statistics.median(v) for k, v in times.items()}
-    return {"together": {k: median[k] for k in kinds}, "alone": {k: median[f"{k} alone"] for k in kinds},
-            "plain": median["plain"], "compute": time_compute(cfg)}
-
-
 def plot(result: dict, title: str, reference: str):
     """Median step time (with throughput relative to ``reference``) and memory per rank, one bar each."""
     import matplotlib.pyplot as plt
@@ -172,41 +147,69 @@ def plot(result: dict, title: str, reference: str):
     return fig
 
 
-# -- the compute the α-β model of a step needs (chapter 04, section 8; the model: parlab.planner) ------------
+# -- what the α-β model of a step takes, and what it leaves out (chapter 04, section 8; the model: parlab.planner)
 
-def time_compute(cfg: dict, reps: int = 3) -> dict[str, float]:
-    """On every rank at once (the cores shared as in training): median seconds of the plain model's forward,
-    backward and AdamW step on this rank's batch; the slowest rank's."""
+class _PlainStep:
+    """One training step of the plain model with AdamW on this rank's batch, its forward, backward and
+    optimizer step each timed (``times``)."""
+
+    def __init__(self, cfg: dict):
+        from parlab.models import shard, token_batch
+
+        rank, n, self.dev = parlab.rank(), parlab.world_size(), parlab.device()
+        self.model = make_model(cfg).to(self.dev)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(self.dev)
+        self.times = {"forward_s": [], "backward_s": [], "optimizer_s": []}
+
+    def _timed(self, fn):
+        import time
+
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        start = time.perf_counter()
+        out = fn()
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        return out, time.perf_counter() - start
+
+    def __call__(self):
+        loss, f = self._timed(lambda: self.model(input_ids=self.x, labels=self.x).loss)
+        _, b = self._timed(loss.backward)
+        _, s = self._timed(self.opt.step)
+        self.opt.zero_grad()
+        for key, value in zip(self.times, (f, b, s)):
+            self.times[key].append(value)
+
+    def medians(self, skip: int) -> dict[str, float]:
+        """The median of each part over the steps after the first ``skip``; the slowest rank's."""
+        import statistics
+
+        import torch.distributed as dist
+
+        out = torch.tensor([statistics.median(v[skip:]) for v in self.times.values()])
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return dict(zip(self.times, out.tolist()))
+
+
+def time_apart(cfg: dict) -> dict:
+    """On every rank at once, in alternating rounds (chapter 04, section 8): seconds per step of each of
+    ``cfg["kinds"]`` (not FSDP2) over all ranks (``"together"``) and with each rank in a process group of its
+    own (``"alone"``: nothing to send, no peer to wait for; what is left is the computation, the optimizer
+    over every weight, since a rank alone holds every shard, and the implementation's own work: hooks, copies
+    into and out of flat buffers, calls into a collective of one rank), and of the plain model with AdamW
+    (``"plain"``), whose forward, backward and optimizer step are timed apart in the same rounds
+    (``"compute"``, as :func:`time_compute` returns them). Medians; the slowest rank's."""
     import statistics
-    import time
 
     import torch.distributed as dist
 
-    from parlab.models import shard, token_batch
-
-    rank, n, dev = parlab.rank(), parlab.world_size(), parlab.device()
-    model = make_model(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(dev)
-
-    def timed(fn):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        start = time.perf_counter()
-        out = fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        return out, time.perf_counter() - start
-
-    times = {"forward_s": [], "backward_s": [], "optimizer_s": []}
-    for _ in range(reps + 1):  # the first, untimed, creates the optimizer's state
-        dist.barrier()
-        loss, f = timed(lambda: model(input_ids=x, labels=x).loss)
-        _, b = timed(loss.backward)
-        _, s = timed(opt.step)
-        opt.zero_grad()
-        for key, value in zip(times, (f, b, s)):
-            times[key].append(value)
-    out = torch.tensor([statistics.median(v[1:]) for v in times.values()])
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return dict(zip(times, out.tolist()))
+    alone, _ = dist.new_subgroups(group_size=1)
+    kinds = [k for k in cfg.get("kinds", KINDS) if k != "fsdp2"]
+    runs = {k: prepare(k, cfg) for k in kinds} | {f"{k} alone": prepare(k, cfg, group=alone) for k in kinds}
+    step, plain = _stepper(runs, cfg), _PlainStep(cfg)
+    steps = {k: functools.partial(step, k) for k in runs} | {"plain": plain}
+    times = time_alternating(steps, rounds=cfg["rounds"], steps=cfg["steps"], warmup=cfg["warmup"])
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return {"together": {k: median[k] for k in kinds}, "alone": {k: median[f"{k} alone"] for k in kinds},
+            "plain": median["plain"], "compute": plain.medians(skip=cfg["warmup"])}

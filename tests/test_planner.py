@@ -142,6 +142,9 @@ def test_chapters_take_their_link_figures_from_the_planner(chapter):
     for line in code.splitlines():
         assert not re.search(r"\d(\.\d+)?e9\b.*\d(\.\d+)?e-6\b|\d(\.\d+)?e-6\b.*\d(\.\d+)?e9\b", line), \
             f"{chapter}: a link figure stated in place: {line.strip()}"
+        # a bandwidth beside a link's name (``pcie = 25e9``), other than a division for printing
+        assert not re.search(r"(?i)(pcie|nvlink|infiniband|ethernet).*(?<![/.\w])(?<!/ )\d+(\.\d+)?e9\b", line), \
+            f"{chapter}: a link's bandwidth stated in place: {line.strip()}"
 
 
 def test_the_strategy_tools_labels_are_layouts():
@@ -181,7 +184,9 @@ def _ddp_rebuilt_buckets(caps_mb):
 
 def test_ddp_buckets_are_the_buckets_pytorchs_ddp_builds():
     import parlab
+    from parlab.parallel.ddp import DEFAULT_BUCKET_BYTES
 
+    assert planner.BUCKET_BYTES == DEFAULT_BUCKET_BYTES == 25 * 2**20  # the planner prices DDP's own cap
     built, config = parlab.launch(_ddp_rebuilt_buckets, 2, args=((None, 0.5),), timeout=120, announce=False,
                                   output="none")[0]
     for cap_mb, got in built.items():
@@ -196,3 +201,44 @@ def test_ddp_buckets_are_the_buckets_pytorchs_ddp_builds():
     assert len(planner.ddp_buckets("GPT-2 XL (1.5B)", value_bytes=4)) == 145  # fp32 gradients: twice the bytes
     with pytest.raises(ValueError, match="value_bytes=3"):
         planner.ddp_buckets("GPT-2 XL (1.5B)", value_bytes=3)
+
+
+def test_zero3s_root_is_on_the_critical_path():
+    costs = planner.ring_costs(LINK, 4)
+    g, r, f, b, o = 4e8, 4e7, 10.0, 20.0, 0.0  # compute long enough to hide every block's collective
+    ag_r, rs_r = (planner.collective_seconds(op, r, costs) for op in ("all_gather", "reduce_scatter"))
+    hidden = planner.predict_dp_step("zero3", costs, g, 4, f, b, o, blocks=2, overlap=True)
+    assert hidden == pytest.approx(f + b)  # no root: all hidden
+    fsdp2 = planner.predict_dp_step("zero3", costs, g, 4, f, b, o, blocks=2, overlap=True, root_bytes=r)
+    assert fsdp2 == pytest.approx(f + b + ag_r + rs_r)  # the root gathered once, reduced once, both exposed
+    ours = planner.predict_dp_step("zero3", costs, g, 4, f, b, o, blocks=2, overlap=True, root_bytes=r, root_gathers=2)
+    assert ours == pytest.approx(f + b + 2 * ag_r + rs_r)
+    # without overlap: every call priced once, the root's three calls besides the blocks' 2 × 3
+    rs, ag = (planner.ring_costs(LINK, 4)[op] for op in ("reduce_scatter", "all_gather"))
+    plain = planner.predict_dp_step("zero3", costs, g, 4, 0.0, 0.0, 0.0, blocks=2, overlap=False, root_bytes=r,
+                                    root_gathers=2)
+    assert plain == pytest.approx(6 * ag[0] + 3 * rs[0] + 2 * g * ag[1] + g * rs[1])
+    for bad, message in (({"root_bytes": 2 * g}, "root_bytes="), ({"root_bytes": r, "root_gathers": 3}, "root_gathers=3")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            planner.predict_dp_step("zero3", costs, g, 4, f, b, o, **bad)
+
+
+def test_a_fitted_collective_becomes_a_link_that_reproduces_it():
+    for n in (2, 4, 8):
+        for op in ("all_reduce", "all_gather", "reduce_scatter"):
+            link = planner.fitted_link(op, 3e-4, 2e-9, n)
+            assert planner.ring_costs(link, n)[op] == pytest.approx((3e-4, 2e-9))
+    # a ring of all-reduces: the per-message α is the call's intercept over its 2(n−1) steps
+    assert planner.fitted_link("all_reduce", 6e-4, 1e-9, 4).alpha == pytest.approx(1e-4)
+    assert planner.fitted_link("all_reduce", 1e-4, 0.0, 2).bandwidth == float("inf")
+    with pytest.raises(ValueError, match="world_size=1"):
+        planner.fitted_link("all_reduce", 1e-4, 1e-9, 1)
+
+
+def test_root_params_are_what_the_layers_leave():
+    from parlab.advice import preset
+    from parlab.measure import count_params
+
+    config = preset("Llama 2 7B")  # embedding and untied output layer, 32000 × 4096 each, and the final norm
+    assert planner.root_params(config) == 2 * 32000 * 4096 + 4096
+    assert planner.root_params(config) < count_params(config)

@@ -63,20 +63,9 @@ def preset(name: str):
 
 def _on_meta(config) -> nn.Module:
     """The model a transformers config describes, built on the meta device (shapes, no storage)."""
-    return _on_meta_of_json(config.to_json_string())
+    from parlab.measure.activations import meta_model
 
-
-@functools.lru_cache(maxsize=16)  # the tool asks again at every move, and configs are not hashable
-def _on_meta_of_json(config_json: str) -> nn.Module:
-    import json
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    data = json.loads(config_json)
-    config = AutoConfig.for_model(data.pop("model_type"), **data)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+    return meta_model(config.to_json_string())
 
 
 def _shape(model: nn.Module) -> tuple[int, int]:

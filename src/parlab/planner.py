@@ -14,15 +14,20 @@ nccl-tests size: the whole buffer, all-gather's output, reduce-scatter's input):
 - all-reduce: a reduce-scatter then an all-gather: 2(n−1)·α + 2(n−1)/n · m/B;
 - send/recv (a pipeline's boundary): α + m/B.
 
-:func:`ring_costs` turns a link into (α, β) per call of each op; a curve fitted on a real machine
-(``fit_alpha_beta``) plugs in the same way. :func:`collective_seconds` prices one call.
+Two α's, then: a link's α is the latency of *one message* (one step of a ring); a collective's α is the
+intercept of its whole call, T(m) = α_call + m·β_call, e.g. α_call = 2(n−1)·α for an all-reduce.
+:func:`ring_costs` turns a link into (α_call, β_call) of each op; a curve fitted on a real machine
+(``fit_alpha_beta`` over a ``sweep`` of whole calls) gives (α_call, β_call) directly and plugs in the same
+way, and :func:`fitted_link` turns such a fit back into a link (per-message α, bandwidth B), so that it can
+be priced at another ring size. :func:`collective_seconds` prices one call.
 
 **A step** (:func:`predict`): a rank computes 6Ψ/(t·p) FLOPs per token (forward 2, backward 4) at a share of
 its GPU's peak; tensor parallelism adds four all-reduces of one activation per layer per micro-batch
 (Megatron: two forward, two backward), which nothing hides; a pipeline of p stages runs m micro-batches in
 m + p − 1 slots (the bubble, chapter 06) and sends one activation each way per micro-batch;
 data parallelism's collectives come from :func:`predict_dp_step` (chapter 04), which knows what each ZeRO
-stage can hide behind. Memory per rank is :func:`parlab.measure.estimate_memory` (chapter 01).
+stage can hide behind, and that ZeRO-3's root (embeddings, output layer) has nothing to hide behind.
+Memory per rank is :func:`parlab.measure.estimate_memory` (chapter 01).
 """
 
 from __future__ import annotations
@@ -65,13 +70,31 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "send")
 
 
 def ring_costs(link: Link, world_size: int) -> dict[str, tuple[float, float]]:
-    """(α, β) per call of each op, T(m) = α + m·β, for a ring of ``world_size`` ranks joined by ``link``:
-    an all-gather or reduce-scatter takes n−1 steps and moves (n−1)/n of the buffer over each link; an
-    all-reduce is the two in turn; a send is one message (chapter 02)."""
+    """(α_call, β_call) of each op, T(m) = α_call + m·β_call, for a ring of ``world_size`` ranks joined by
+    ``link`` (whose α is per message): an all-gather or reduce-scatter takes n−1 steps and moves (n−1)/n of
+    the buffer over each link; an all-reduce is the two in turn; a send is one message (chapter 02)."""
     n = positive_int("world_size", world_size, "ranks in the ring")
     one = ((n - 1) * link.alpha, (n - 1) / n / link.bandwidth)
     return {"all_gather": one, "reduce_scatter": one, "all_reduce": (2 * one[0], 2 * one[1]),
             "send": (link.alpha, 1 / link.bandwidth)}
+
+
+def fitted_link(op: str, alpha: float, beta: float, world_size: int, name: str = "fitted") -> Link:
+    """The link whose :func:`ring_costs` at ``world_size`` ranks give ``op`` the fitted whole-call intercept
+    ``alpha`` (seconds) and slope ``beta`` (seconds per byte), as ``fit_alpha_beta`` returns them: per-message
+    α = alpha / (ring steps of one call), B = (the share of the buffer each link carries) / beta. A model, then:
+    it assumes the library runs a ring, so that the same link priced at another ring size scales as a ring
+    would (chapter 05)."""
+    n = positive_int("world_size", world_size, "ranks the fit was measured on")
+    if n < 2:
+        raise ValueError(f"world_size={n}: a fit on one rank measured no link; fit on 2 ranks or more")
+    if op not in OPS:
+        raise ValueError(f"op={op!r}; choose one of {', '.join(OPS)}")
+    if alpha < 0 or beta < 0:
+        raise ValueError(f"alpha={alpha!r} and beta={beta!r} must be at least 0 (seconds, seconds per byte)")
+    steps, share = {"all_reduce": (2 * (n - 1), 2 * (n - 1) / n), "send": (1, 1.0)}.get(op, (n - 1, (n - 1) / n))
+    return Link(name, alpha / steps, share / beta if beta > 0 else math.inf,
+                f"fitted on {n} ranks from {op}'s sweep: α_call = {alpha * 1e6:.0f} µs, β_call = {beta:.3g} s/B")
 
 
 def collective_seconds(op: str, nbytes: float, costs: dict) -> float:
@@ -90,7 +113,8 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 
 def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: int, forward_s: float,
                     backward_s: float, optimizer_s: float, buckets: int = 1, blocks: int = 1,
-                    overlap: bool = True, micro_batches: int = 1) -> float:
+                    overlap: bool = True, micro_batches: int = 1, root_bytes: float = 0.0,
+                    root_gathers: int = 1) -> float:
     """Seconds per training step of one data-parallel strategy under the α-β model (a model, not a measurement).
 
     ``costs[op] = (α, β)`` per collective call (:func:`ring_costs`, or fitted with ``fit_alpha_beta``);
@@ -102,14 +126,26 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
     (gradient accumulation, or a pipeline): DDP and stage 1 reduce once, after the last backward (only it
     can hide DDP's all-reduce); stage 2 must reduce-scatter after every backward, since it keeps no whole
     gradient to accumulate into, and stage 3 also gathers the weights for every pass (chapter 07).
+
+    Stage 3's root: ``root_bytes`` of ``num_bytes`` belong to the parameters outside the blocks (embeddings,
+    final norm, output layer), one more gather unit. Its all-gather is the first thing forward needs and its
+    reduce-scatter the last thing backward issues, so neither has computation to hide behind: both are on
+    the critical path, once per pass, and so is a second gather in backward when the root is freed after
+    forward (``root_gathers=2``: chapter 04's ``ZeroStage3``; FSDP2's ``fully_shard`` keeps the root from
+    forward to backward: ``root_gathers=1``, the default). The blocks' collectives hide as before.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; choose one of {', '.join(STRATEGIES)}")
     m = positive_int("micro_batches", micro_batches, "forward/backward passes per step")
+    if not 0 <= root_bytes <= num_bytes:
+        raise ValueError(f"root_bytes={root_bytes!r} must lie between 0 and num_bytes={num_bytes!r}")
+    if root_gathers not in (1, 2):
+        raise ValueError(f"root_gathers={root_gathers!r}: 1 (the root kept from forward to backward) or 2 "
+                         f"(gathered again for backward)")
 
-    def comm(op, calls):
+    def comm(op, calls, nbytes=num_bytes):
         alpha, beta = costs[op]
-        return calls * alpha + num_bytes * beta
+        return calls * alpha + nbytes * beta
 
     def beside(compute, communication):
         return max(compute, communication) if overlap else compute + communication
@@ -123,9 +159,13 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
     if strategy == "zero2":  # buckets reduce-scattered during every backward; the all-gather after the step
         return (forward_s + beside(backward_s, m * comm("reduce_scatter", buckets)) + optimizer_s / n
                 + comm("all_gather", buckets))
-    # stage 3 with prefetch: gathers hide behind forward; gathers and reduce-scatters behind backward
-    return (beside(forward_s, m * comm("all_gather", blocks))
-            + beside(backward_s, m * (comm("all_gather", blocks) + comm("reduce_scatter", blocks))) + optimizer_s / n)
+    # stage 3 with prefetch: the blocks' gathers hide behind forward; their gathers and reduce-scatters behind
+    # backward; the root's have no computation beside them: they add
+    body = num_bytes - root_bytes
+    root = root_gathers * comm("all_gather", 1, root_bytes) + comm("reduce_scatter", 1, root_bytes) if root_bytes else 0.0
+    return (beside(forward_s, m * comm("all_gather", blocks, body))
+            + beside(backward_s, m * (comm("all_gather", blocks, body) + comm("reduce_scatter", blocks, body)))
+            + m * root + optimizer_s / n)
 
 
 # -- a machine, a model, a layout ---------------------------------------------------------------------------
@@ -149,7 +189,9 @@ A100 = GPU("A100 SXM4 80 GB", 80e9, 312e12, 2.039e12,
 UTILIZATION = 0.4
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
-BUCKET_BYTES = 25e6  # DDP's and ZeRO-2's bucket size
+#: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB
+#: (``parlab.parallel.ddp.DEFAULT_BUCKET_BYTES``, the same number: a test holds them together)
+BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -179,6 +221,22 @@ class Cluster:
         return where + f"; inside a node {self.intra}" + (f"; between nodes {self.inter}" if self.nodes > 1 else "")
 
 
+def root_params(config) -> int:
+    """The parameters outside a transformers model's stack of layers (its largest ``nn.ModuleList``): the
+    embeddings, the final norm and an untied output layer, which ZeRO-3 gathers as one root unit (chapter 04).
+    Counted on the meta device, as :func:`parlab.measure.count_params` counts Ψ."""
+    from torch import nn
+
+    from parlab.measure.activations import meta_model
+
+    model = meta_model(config.to_json_string())
+    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not stacks:
+        raise ValueError(f"config of {config.model_type!r} builds a model with no list of layers")
+    layers = {id(p) for p in max(stacks, key=lambda m: sum(p.numel() for p in m.parameters())).parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in layers)
+
+
 @dataclass(frozen=True)
 class Workload:
     """A model and its batch: ``model`` a transformers config or a ``parlab.advice`` preset name;
@@ -192,6 +250,7 @@ class Workload:
     optimizer: str = "adam"
     checkpointing: bool = False
     num_params: int = field(init=False)
+    root_params: int = field(init=False)
     config: object = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -201,6 +260,7 @@ class Workload:
         config = preset(self.model) if isinstance(self.model, str) else self.model
         object.__setattr__(self, "config", config)
         object.__setattr__(self, "num_params", count_params(config))
+        object.__setattr__(self, "root_params", root_params(config))
         positive_int("global_batch", self.global_batch, "sequences per step")
         positive_int("seq_len", self.seq_len, "tokens per sequence")
         positive_int("micro_batch", self.micro_batch, "sequences per forward pass")
@@ -283,18 +343,22 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster) -> Prediction:
     backward_s = slots * (backward + tp_s / 2 + p2p_s)
     optimizer_s = psi * OPTIMIZER_BYTES_PER_PARAM / cluster.gpu.memory_bandwidth
     grad_bytes = psi * w.value_bytes
+    # ZeRO-3 (FSDP2, keeping its root from forward to backward): the root's share of this rank's weights,
+    # spread over the stages as evenly as the weights are
+    root = w.root_params / (tp * pp) * w.value_bytes if layout.zero_stage == 3 else 0.0
     if dp > 1:
         step = predict_dp_step(STRATEGIES[layout.zero_stage], ring_costs(cluster.link(topo, "dp"), dp), grad_bytes,
                                dp, forward_s, backward_s, optimizer_s,
                                buckets=max(1, math.ceil(grad_bytes / BUCKET_BYTES)), blocks=max(1, round(layers)),
-                               overlap=cluster.overlap, micro_batches=m)
+                               overlap=cluster.overlap, micro_batches=m, root_bytes=root)
     else:
         step = forward_s + backward_s + optimizer_s
     optimizer_part = optimizer_s / (dp if layout.zero_stage else 1)
     parts = {"compute": m * (forward + backward), "bubble": (pp - 1) * (forward + backward),
              "tp": slots * tp_s, "pp": slots * 2 * p2p_s, "optimizer": optimizer_part}
     parts["dp"] = max(0.0, step - sum(parts.values()))
-    dp_bytes = {0: grad_bytes, 1: 2 * grad_bytes, 2: (m + 1) * grad_bytes, 3: 3 * m * grad_bytes}[layout.zero_stage]
+    dp_bytes = {0: grad_bytes, 1: 2 * grad_bytes, 2: (m + 1) * grad_bytes,
+                3: m * (3 * grad_bytes - root)}[layout.zero_stage]  # FSDP2 gathers its root once per pass
     bytes_by_axis = {"dp": dp_bytes if dp > 1 else 0, "tp": 4 * layers * m * activation if tp > 1 else 0,
                      "pp": 2 * m * activation if pp > 1 else 0}
     # The config itself, so that activations follow the architecture (chapter 01); the estimator builds it
@@ -363,8 +427,6 @@ def ddp_buckets(model, value_bytes: int = 2, bucket_bytes: int | None = None) ->
 
     from parlab.advice import preset
     from parlab.measure.activations import meta_model
-    from parlab.parallel.ddp import DEFAULT_BUCKET_BYTES
-
     dtypes = {2: torch.bfloat16, 4: torch.float32}
     if value_bytes not in dtypes:
         raise ValueError(f"value_bytes={value_bytes!r}; choose 2 (bf16 gradients) or 4 (fp32 gradients)")
@@ -373,7 +435,7 @@ def ddp_buckets(model, value_bytes: int = 2, bucket_bytes: int | None = None) ->
     config = preset(model) if isinstance(model, str) else model
     grads = [torch.empty(p.numel(), dtype=dtypes[value_bytes], device="meta")
              for p in reversed(list(meta_model(config.to_json_string()).parameters()))]
-    limits = ([dist._DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_BUCKET_BYTES] if bucket_bytes is None
+    limits = ([dist._DEFAULT_FIRST_BUCKET_BYTES, BUCKET_BYTES] if bucket_bytes is None
               else [bucket_bytes])
     buckets, _ = dist._compute_bucket_assignment_by_size(grads, limits, [False] * len(grads))
     return [sum(grads[i].numel() * value_bytes for i in bucket) for bucket in buckets]

@@ -1,6 +1,7 @@
 """ZeRO's stages (``parlab.parallel.zero``) beside PyTorch's DDP and FSDP2: step time and memory per rank, every
 implementation on the same model in the same ranks, timed in alternating rounds (chapter 04, section 7;
-``benchmarks/zero.py``); and :func:`time_compute`, the compute that ``parlab.planner.predict_dp_step`` takes.
+``benchmarks/zero.py``); and :func:`time_apart` for section 8: the compute that ``parlab.planner.predict_dp_step``
+takes, and what that model leaves out, each implementation timed alone and with its peers.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ def make_model(cfg: dict):
                      vocab_size=cfg["vocab_size"], n_positions=cfg["seq_len"], seed=0)
 
 
-def prepare(kind: str, cfg: dict):
+def prepare(kind: str, cfg: dict, group=None):
     """(model to call, what takes the step: ``.step()``, ``.zero_grad()``, (module, optimizer) for
-    ``measure_memory``) of one implementation, on this rank."""
+    ``measure_memory``) of one implementation, on this rank, over ``group`` (default: all ranks; FSDP2: all)."""
     from parlab.parallel import ZeroStage1, ZeroStage2, ZeroStage3
 
     dev = parlab.device()
     model = make_model(cfg).to(dev)
-    adamw = dict(lr=1e-4)
+    adamw = dict(lr=1e-4, process_group=group)
     if kind.startswith("zero"):
         if kind == "zero1":
             zero = ZeroStage1(model, torch.optim.AdamW, **adamw)
@@ -46,6 +47,7 @@ def prepare(kind: str, cfg: dict):
             zero = ZeroStage3(model, torch.optim.AdamW, blocks=model.transformer.h,
                               prefetch=kind == "zero3_prefetch", **adamw)
         return zero, zero, (zero, zero.optimizer)
+    adamw.pop("process_group")
     if kind == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -57,7 +59,8 @@ def prepare(kind: str, cfg: dict):
     if kind == "ddp":
         # Gradients as views of DDP's buckets: one copy of them, as the memory formula counts.
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                                        bucket_cap_mb=cfg["bucket_mb"], gradient_as_bucket_view=True)
+                                                        bucket_cap_mb=cfg["bucket_mb"], gradient_as_bucket_view=True,
+                                                        process_group=group)
         opt = torch.optim.AdamW(ddp.parameters(), **adamw)
         opt.zero_grad = functools.partial(opt.zero_grad, set_to_none=False)  # keep the bucket views
         return ddp, opt, (model, opt)
@@ -69,19 +72,10 @@ def measure(cfg: dict) -> dict:
     {"times": {kind: [seconds per step, one per round]} (the slowest rank's), "memory": {kind: bytes this rank
     holds after a step, by part, and "peak": the most during one (on a CPU, the least of three steps' peaks)},
     "groups": {kind: [(name, numel, padded numel)] of the course's stages' flat groups}, "num_params"}."""
-    from parlab.models import shard, token_batch
-
-    rank, n, dev = parlab.rank(), parlab.world_size(), parlab.device()
+    dev = parlab.device()
     kinds = cfg.get("kinds", KINDS)
     runs = {k: prepare(k, cfg) for k in kinds}
-    x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(dev)
-
-    def step(kind, zero_grad=True):
-        model, stepper, _ = runs[kind]
-        model(input_ids=x, labels=x).loss.backward()
-        stepper.step()
-        if zero_grad:
-            stepper.zero_grad()
+    step = _stepper(runs, cfg)
 
     memory = {}
     # On a CPU rank, peak_memory now and then counts a buffer that gloo's worker freed unseen (a bucket's or a
@@ -104,6 +98,23 @@ def measure(cfg: dict) -> dict:
               if hasattr(run[0], "groups")}
     return {"times": times, "memory": memory, "groups": groups,
             "num_params": sum(p.numel() for p in make_model(cfg).parameters())}
+
+
+def _stepper(runs: dict, cfg: dict):
+    """step(kind, zero_grad=True): one training step of ``runs[kind]`` on this rank's shard of the batch."""
+    from parlab.models import shard, token_batch
+
+    rank, n = parlab.rank(), parlab.world_size()
+    x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(parlab.device())
+
+    def step(kind, zero_grad=True):
+        model, stepper, _ = runs[kind]
+        model(input_ids=x, labels=x).loss.backward()
+        stepper.step()
+        if zero_grad:
+            stepper.zero_grad()
+
+    return step
 
 
 def plot(result: dict, title: str, reference: str):
@@ -136,41 +147,69 @@ def plot(result: dict, title: str, reference: str):
     return fig
 
 
-# -- the compute the α-β model of a step needs (chapter 04, section 8; the model: parlab.planner) ------------
+# -- what the α-β model of a step takes, and what it leaves out (chapter 04, section 8; the model: parlab.planner)
 
-def time_compute(cfg: dict, reps: int = 3) -> dict[str, float]:
-    """On every rank at once (the cores shared as in training): median seconds of the plain model's forward,
-    backward and AdamW step on this rank's batch; the slowest rank's."""
+class _PlainStep:
+    """One training step of the plain model with AdamW on this rank's batch, its forward, backward and
+    optimizer step each timed (``times``)."""
+
+    def __init__(self, cfg: dict):
+        from parlab.models import shard, token_batch
+
+        rank, n, self.dev = parlab.rank(), parlab.world_size(), parlab.device()
+        self.model = make_model(cfg).to(self.dev)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(self.dev)
+        self.times = {"forward_s": [], "backward_s": [], "optimizer_s": []}
+
+    def _timed(self, fn):
+        import time
+
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        start = time.perf_counter()
+        out = fn()
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        return out, time.perf_counter() - start
+
+    def __call__(self):
+        loss, f = self._timed(lambda: self.model(input_ids=self.x, labels=self.x).loss)
+        _, b = self._timed(loss.backward)
+        _, s = self._timed(self.opt.step)
+        self.opt.zero_grad()
+        for key, value in zip(self.times, (f, b, s)):
+            self.times[key].append(value)
+
+    def medians(self, skip: int) -> dict[str, float]:
+        """The median of each part over the steps after the first ``skip``; the slowest rank's."""
+        import statistics
+
+        import torch.distributed as dist
+
+        out = torch.tensor([statistics.median(v[skip:]) for v in self.times.values()])
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return dict(zip(self.times, out.tolist()))
+
+
+def time_apart(cfg: dict) -> dict:
+    """On every rank at once, in alternating rounds (chapter 04, section 8): seconds per step of each of
+    ``cfg["kinds"]`` (not FSDP2) over all ranks (``"together"``) and with each rank in a process group of its
+    own (``"alone"``: nothing to send, no peer to wait for; what is left is the computation, the optimizer
+    over every weight, since a rank alone holds every shard, and the implementation's own work: hooks, copies
+    into and out of flat buffers, calls into a collective of one rank), and of the plain model with AdamW
+    (``"plain"``), whose forward, backward and optimizer step are timed apart in the same rounds
+    (``"compute"``, as :func:`time_compute` returns them). Medians; the slowest rank's."""
     import statistics
-    import time
 
     import torch.distributed as dist
 
-    from parlab.models import shard, token_batch
-
-    rank, n, dev = parlab.rank(), parlab.world_size(), parlab.device()
-    model = make_model(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = shard(token_batch(cfg["batch"] * n, cfg["seq_len"], cfg["vocab_size"], seed=0), rank, n).to(dev)
-
-    def timed(fn):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        start = time.perf_counter()
-        out = fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        return out, time.perf_counter() - start
-
-    times = {"forward_s": [], "backward_s": [], "optimizer_s": []}
-    for _ in range(reps + 1):  # the first, untimed, creates the optimizer's state
-        dist.barrier()
-        loss, f = timed(lambda: model(input_ids=x, labels=x).loss)
-        _, b = timed(loss.backward)
-        _, s = timed(opt.step)
-        opt.zero_grad()
-        for key, value in zip(times, (f, b, s)):
-            times[key].append(value)
-    out = torch.tensor([statistics.median(v[1:]) for v in times.values()])
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return dict(zip(times, out.tolist()))
+    alone, _ = dist.new_subgroups(group_size=1)
+    kinds = [k for k in cfg.get("kinds", KINDS) if k != "fsdp2"]
+    runs = {k: prepare(k, cfg) for k in kinds} | {f"{k} alone": prepare(k, cfg, group=alone) for k in kinds}
+    step, plain = _stepper(runs, cfg), _PlainStep(cfg)
+    steps = {k: functools.partial(step, k) for k in runs} | {"plain": plain}
+    times = time_alternating(steps, rounds=cfg["rounds"], steps=cfg["steps"], warmup=cfg["warmup"])
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return {"together": {k: median[k] for k in kinds}, "alone": {k: median[f"{k} alone"] for k in kinds},
+            "plain": median["plain"], "compute": plain.medians(skip=cfg["warmup"])}

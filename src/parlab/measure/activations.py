@@ -147,7 +147,9 @@ def _attention_of(config) -> str:
     return "sdpa" if chosen in ("sdpa", "flash_attention_2", "flash_attention_3") else chosen
 
 
-@functools.cache  # building a large model on the meta device takes seconds; configs are not hashable, JSON is
+# building a large model on the meta device takes seconds, and the strategy tool asks again at every move;
+# configs are not hashable, their JSON is
+@functools.lru_cache(maxsize=16)
 def meta_model(config_json: str):
     """The model transformers builds for a config (given as its JSON), on the meta device: shapes, no
     storage, nothing downloaded. Built from the JSON, so nothing is written into the caller's config."""

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import nbformat
 import pytest
@@ -117,6 +118,25 @@ def test_require_gpu_fails_a_chapter_that_would_run_on_cpu(small_course, tmp_pat
     monkeypatch.setattr(lease, "_torch_device_count", lambda: 3)
     result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, html=False, require_gpu=True)
     assert not result.passed and "world_size=4 would not run in GPU mode" in result.error
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows has no Unix sockets for the kernel: TCP there")
+def test_the_kernel_listens_on_no_tcp_port(tmp_path):
+    """jupyter_client picks a kernel's TCP ports by binding and releasing them, so kernels started together
+    by several processes can pick the same port and one dies. The runner's kernel has no port to pick: its
+    channels are Unix sockets in a private folder, removed when the chapter ends."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _chapter(folder, "00_sockets", "world_size = 2",
+             "import json, os, stat\nfrom ipykernel import get_connection_info\n"
+             "info = json.loads(get_connection_info())\n"
+             "assert info['transport'] == 'ipc', info\n"
+             "assert stat.S_IMODE(os.stat(os.path.dirname(info['ip'])).st_mode) == 0o700\n"
+             "print(info['ip'])")
+    result = course.run_chapter(folder / "00_sockets.ipynb", tmp_path / "out", html=False)
+    assert result.passed, result.error
+    printed = nbformat.read(result.output, as_version=4).cells[-1].outputs[0]["text"].strip()
+    assert printed.startswith(tempfile.gettempdir()) and not os.path.exists(os.path.dirname(printed))
 
 
 def test_export_finds_a_chapter_from_any_folder(tmp_path, monkeypatch):

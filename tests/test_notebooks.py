@@ -175,7 +175,9 @@ def test_runs_with_ci_parameters(path, tmp_path):
 @pytest.mark.slow
 def test_eight_headless_chapters_at_once(tmp_path):
     """A workshop box: 8 learners run chapter 00 (2 ranks each) at the same moment. No fixed port and no
-    shared state, so none collides with another; on 2 cores this takes about 1.5 minutes."""
+    shared state, so none collides with another (the kernels' channels are Unix sockets: with TCP, one
+    kernel in a few such runs died on a port another had just picked); on 2 cores this takes about 1.5
+    minutes."""
     logs = [open(tmp_path / f"learner{i}.log", "w") for i in range(8)]
     runs = [subprocess.Popen([sys.executable, "-m", "parlab", "run", "--ci", "--chapters", "00", "--no-html",
                               "--output", str(tmp_path / f"learner{i}")], cwd=tmp_path, stdout=log,

@@ -6,13 +6,25 @@ either its default parameters or, with ``ci=True``, the smaller ones stored in i
 (``metadata.parlab.ci_parameters``). The executed notebook, and an HTML copy, go to an output folder;
 a failing chapter's copy shows the failing cell and its traceback. Whatever ``NN_*.ipynb`` files the
 notebooks folder holds are the course: a new chapter joins by being there.
+
+The kernel talks to ``parlab run`` over Unix sockets in a private temporary folder, not TCP ports (where
+the platform has them: not on Windows). jupyter_client picks a kernel's five TCP ports by binding and
+releasing them before the kernel binds them again, so kernels started at the same moment by several
+processes (a workshop's learners, CI running chapters side by side) can pick the same port, and one of
+them dies before it answers ("Address already in use"); sockets in a folder of their own cannot collide,
+and no other user on the machine can connect to them.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
+import os
 import pathlib
+import shutil
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -105,10 +117,11 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
                                  f"here ({plan.describe()})")
     error = ""
     try:
-        papermill.execute_notebook(
-            str(path), str(out), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
-            progress_bar=progress, execution_timeout=cell_timeout,
-        )
+        with _kernel_sockets() as channels:
+            papermill.execute_notebook(
+                str(path), str(out), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
+                progress_bar=progress, execution_timeout=cell_timeout, **channels,
+            )
     except PapermillExecutionError as exc:
         # In [N] as the executed copy shows it (papermill's injected parameters are a cell there too)
         error = f"In [{exc.exec_count}]: {exc.ename}: {_first_line(exc.evalue)}"
@@ -163,6 +176,22 @@ def write_summary(results: list[ChapterResult], output_dir) -> pathlib.Path:
     path.write_text(json.dumps([{"chapter": r.chapter, "passed": r.passed, "seconds": round(r.seconds, 2),
                                  "error": r.error} for r in results], indent=1) + "\n")
     return path
+
+
+@contextlib.contextmanager
+def _kernel_sockets():
+    """papermill's keyword arguments that put the kernel's channels on Unix sockets in a folder only
+    this run uses (none on Windows, which keeps TCP); the folder is removed afterwards."""
+    if sys.platform == "win32":
+        yield {}
+        return
+    from traitlets.config import Config
+
+    folder = tempfile.mkdtemp(prefix="parlab-kernel-")  # mode 0700: this user's only
+    try:
+        yield {"config": Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "k")}})}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write_html(notebook_path: pathlib.Path) -> None:

@@ -61,13 +61,6 @@ def preset(name: str):
     return presets[name]
 
 
-def _on_meta(config) -> nn.Module:
-    """The model a transformers config describes, built on the meta device (shapes, no storage)."""
-    from parlab.measure.activations import meta_model
-
-    return meta_model(config.to_json_string())
-
-
 def _shape(model: nn.Module) -> tuple[int, int]:
     """(Ψ, parameters of the largest single layer)."""
     total = sum(p.numel() for p in model.parameters())
@@ -141,7 +134,9 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
         model = preset(model)
     if model is not None and not isinstance(model, nn.Module):
         # the estimator counts a config's parameters by building it; a cached meta model counts at once
-        model = _on_meta(model)
+        from parlab.measure.activations import meta_model
+
+        model = meta_model(model.to_json_string())
     if model is not None:
         num_params, largest_layer_params = _shape(model)
     if num_params is None:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from parlab.checks import positive_int
 from parlab.measure.memory import MemoryEstimate, estimate_memory
+from parlab.parallel.ddp import DEFAULT_BUCKET_BYTES
 from parlab.parallel.topology import Topology
 
 
@@ -190,8 +191,7 @@ UTILIZATION = 0.4
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB
-#: (``parlab.parallel.ddp.DEFAULT_BUCKET_BYTES``, the same number: a test holds them together)
-BUCKET_BYTES = 25 * 2**20
+BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 
 
 @dataclass(frozen=True)
@@ -427,6 +427,7 @@ def ddp_buckets(model, value_bytes: int = 2, bucket_bytes: int | None = None) ->
 
     from parlab.advice import preset
     from parlab.measure.activations import meta_model
+
     dtypes = {2: torch.bfloat16, 4: torch.float32}
     if value_bytes not in dtypes:
         raise ValueError(f"value_bytes={value_bytes!r}; choose 2 (bf16 gradients) or 4 (fp32 gradients)")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from parlab.checks import positive_int
 from parlab.compose import COURSE, comm_by_axis, parallelize
 
 #: The tiny decoder of chapter 07: 4 layers, so that 2 pipeline stages hold 2 each; 4 heads for 2 TP ranks.
@@ -80,6 +81,7 @@ def run(mix: Mix, cfg: dict) -> dict:
     from parlab.parallel import Topology
     from parlab.training import train_steps
 
+    timed = positive_int('cfg["timed"]', cfg.get("timed", 3), "steps timed, the median kept")
     topo = Topology.build(dp=mix.dp, tp=mix.tp, pp=mix.pp)
     # The course's strategies report each collective through one door (parlab.parallel.communicate): a
     # list append per op, cheap enough to leave on while the steps are timed (FSDP2's are not reported).
@@ -103,7 +105,7 @@ def run(mix: Mix, cfg: dict) -> dict:
             if r.op != "barrier":
                 sent[axis][r.op] = sent[axis].get(r.op, 0) + r.bytes
     seconds = []
-    for _ in range(cfg.get("timed", 3)):
+    for _ in range(timed):
         dist.barrier()
         log.records.clear()
         start = time.perf_counter()

@@ -1,0 +1,139 @@
+"""What a learner reads: a chapter's main path and its "Under the hood" part, and how long each is.
+
+The course's pattern (``docs/course_design.md``): each chapter's main path carries its 2–4 ideas in at
+most :data:`LIMITS` (words of markdown, lines of code to read, longest code cell); everything that proves
+the instruments right comes after a markdown cell that opens with ``## Under the hood``, still executed
+and asserted. Code a chapter shows from the package counts as code to read: the chapter shows it with
+:func:`show_source`, and :func:`chapter_sizes` finds those calls and counts the lines they display.
+Collapsed solutions (code cells tagged ``solution``) are opened on purpose, so they are counted apart.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pathlib
+import re
+from dataclasses import dataclass, field
+
+UNDER_THE_HOOD = re.compile(r"^## Under the hood\b", re.M)
+#: The main path's budget: words of markdown, lines of code to read (cells + shown source), longest cell.
+LIMITS = {"words": 2500, "code_lines": 300, "longest_cell": 30}
+
+
+def show_source(obj) -> None:
+    """Show the source of a package function, class or method, as the chapter's text discusses it.
+
+    The code worth keeping lives in the package; a chapter shows it before using it. Use this (not
+    ``inspect.getsource``) so that the chapter's reading size counts what it shows."""
+    from IPython.display import Code, display
+
+    display(Code(inspect.getsource(obj), language="python"))
+
+
+@dataclass
+class Part:
+    words: int = 0  # markdown words
+    cell_lines: int = 0  # non-blank lines of code cells
+    shown_lines: int = 0  # non-blank lines of package source shown with show_source
+    longest_cell: int = 0  # non-blank lines of the longest code cell
+    shown: list = field(default_factory=list)  # (expression, lines)
+
+    @property
+    def code_lines(self) -> int:
+        return self.cell_lines + self.shown_lines
+
+
+@dataclass
+class ChapterSizes:
+    chapter: str
+    main: Part
+    under_the_hood: Part
+    solutions: Part
+    has_under_the_hood: bool
+    unresolved: list  # show_source arguments that are not package objects (a notebook's own code is read already)
+
+    def over_limits(self) -> list[str]:
+        """What the main path exceeds, in words: empty when it meets :data:`LIMITS`."""
+        got = {"words": self.main.words, "code_lines": self.main.code_lines, "longest_cell": self.main.longest_cell}
+        return [f"{k} {got[k]} > {v}" for k, v in LIMITS.items() if got[k] > v]
+
+
+def _lines(source: str) -> int:
+    return sum(1 for line in source.splitlines() if line.strip())
+
+
+def _namespace(cells) -> dict:
+    """The chapter's imports, executed: enough to resolve ``show_source(parlab.x.y)`` arguments."""
+    ns: dict = {}
+    for cell in cells:
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:  # a cell magic (%%ranks): no imports of the chapter's own there
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and node.col_offset == 0:
+                try:
+                    exec(compile(ast.Module([node], []), "<imports>", "exec"), ns)
+                except Exception:  # noqa: BLE001 - an optional import (a GPU-only module): not a shown name
+                    pass
+    return ns
+
+
+def _shown(cell_source: str):
+    try:
+        tree = ast.parse(cell_source)
+    except SyntaxError:
+        return []
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name == "show_source":
+                calls.append(ast.unparse(node.args[0]))
+    return calls
+
+
+def chapter_sizes(path) -> ChapterSizes:
+    """Count a chapter's reading: its main path, its Under the hood part and its solutions."""
+    import nbformat
+
+    path = pathlib.Path(path)
+    nb = nbformat.read(path, as_version=4)
+    ns = _namespace([c for c in nb.cells if c.cell_type == "code"])
+    parts = {"main": Part(), "under_the_hood": Part(), "solutions": Part()}
+    where, seen_uth, unresolved = "main", False, []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            if UNDER_THE_HOOD.search(cell.source):
+                where, seen_uth = "under_the_hood", True
+            parts[where].words += len(cell.source.split())
+            continue
+        if cell.cell_type != "code":
+            continue
+        part = parts["solutions" if "solution" in cell.metadata.get("tags", []) else where]
+        n = _lines(cell.source)
+        part.cell_lines += n
+        part.longest_cell = max(part.longest_cell, n)
+        for expr in _shown(cell.source):
+            try:
+                obj = eval(expr, dict(ns))  # noqa: S307 - the chapter's own expression, over its imports
+                lines = _lines(inspect.getsource(obj))
+            except Exception:  # noqa: BLE001 - a notebook's own object: its cell is counted already
+                unresolved.append(expr)
+                continue
+            part.shown_lines += lines
+            part.shown.append((expr, lines))
+    return ChapterSizes(path.stem, parts["main"], parts["under_the_hood"], parts["solutions"], seen_uth, unresolved)
+
+
+def table(sizes: list[ChapterSizes]) -> str:
+    """One row per chapter: main path and Under the hood, as a Markdown table."""
+    head = ("chapter", "main words", "main code (cells + shown)", "longest cell", "under the hood words",
+            "under the hood code", "within limits")
+    rows = [(s.chapter, str(s.main.words), f"{s.main.code_lines} ({s.main.cell_lines} + {s.main.shown_lines})",
+             str(s.main.longest_cell), str(s.under_the_hood.words), str(s.under_the_hood.code_lines),
+             "yes" if not s.over_limits() else "; ".join(s.over_limits())) for s in sizes]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])

@@ -1,0 +1,56 @@
+"""The main-path pattern, measured: each chapter's main path stays within what a learner can hold in one
+sitting (:data:`parlab.reading.LIMITS`), and its proofs live under a ``## Under the hood`` heading.
+
+``python -m pytest tests/test_reading.py -s`` prints every chapter's sizes.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import nbformat
+import pytest
+
+from parlab import course, reading
+
+ROOT = pathlib.Path(__file__).parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob(course.CHAPTER_GLOB))
+# Chapters not yet rewritten to the pattern: reported, not held to it. Remove a chapter when it meets it.
+NOT_YET = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_ddp", "04_zero",
+           "05_tensor_parallel", "06_pipeline_parallel", "07_putting_it_together"}
+
+
+def test_report_sizes(capsys):
+    sizes = [reading.chapter_sizes(p) for p in NOTEBOOKS]
+    with capsys.disabled():
+        print("\n" + reading.table(sizes))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_main_path_within_limits(path):
+    sizes = reading.chapter_sizes(path)
+    if path.stem in NOT_YET:
+        pytest.skip(f"{path.stem} not yet on the main-path pattern: {'; '.join(sizes.over_limits()) or 'within'}")
+    assert sizes.has_under_the_hood or sizes.main.code_lines < reading.LIMITS["code_lines"], (
+        f"{path.name}: no '## Under the hood' part")
+    assert not sizes.over_limits(), f"{path.name}: main path {'; '.join(sizes.over_limits())}"
+    assert not sizes.unresolved, f"{path.name}: show_source of {sizes.unresolved}: not package objects"
+
+
+def test_sizes_count_what_they_should(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Title\nfour words of text"),
+        nbformat.v4.new_code_cell("import parlab.reading\n\nx = 1\nparlab.reading.show_source(parlab.reading.table)"),
+        nbformat.v4.new_markdown_cell("## Under the hood\nproof"),
+        nbformat.v4.new_code_cell("y = 2"),
+    ])
+    sol = nbformat.v4.new_code_cell("z = 3\nw = 4")
+    sol.metadata["tags"] = ["solution"]
+    nb.cells.insert(2, sol)
+    nbformat.write(nb, tmp_path / "99_x.ipynb")
+    s = reading.chapter_sizes(tmp_path / "99_x.ipynb")
+    import inspect
+    shown = sum(1 for line in inspect.getsource(reading.table).splitlines() if line.strip())
+    assert (s.main.words, s.main.cell_lines, s.main.shown_lines, s.main.longest_cell) == (6, 3, shown, 3)
+    assert (s.under_the_hood.words, s.under_the_hood.cell_lines, s.solutions.cell_lines) == (5, 1, 2)
+    assert s.has_under_the_hood and not s.unresolved

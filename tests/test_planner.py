@@ -77,11 +77,14 @@ def test_a_layout_is_priced_part_by_part():
                                "pp": 2 * m * activation}
     assert p.memory == estimate_memory(w.config, precision="bf16", optimizer="adam", world_size=8, zero_stage=1,
                                        tp_size=2, pp_size=2, micro_batch=2, seq_len=32)
-    # ZeRO-1 hides nothing: its reduce-scatter and all-gather of this rank's gradients (bf16) add to the step
+    # the course's ZeRO-1 hides nothing: its reduce-scatter and all-gather of this rank's gradients (bf16) add
     costs = planner.ring_costs(cluster.intra, 2)
     grads = w.num_params / 4 * 2
-    assert p.parts["dp"] == pytest.approx(sum(planner.collective_seconds(op, grads, costs)
-                                              for op in ("reduce_scatter", "all_gather")))
+    course = planner.predict(w, planner.Layout(dp=2, tp=2, pp=2, zero_stage=1), cluster, implementation="course")
+    assert course.parts["dp"] == pytest.approx(sum(planner.collective_seconds(op, grads, costs)
+                                                   for op in ("reduce_scatter", "all_gather")))
+    # Megatron's distributed optimizer hides both behind the first forward and the last backward
+    assert p.parts["dp"] < course.parts["dp"] and p.step_s < course.step_s
     assert p.parts["tp"] == pytest.approx((m + 1) * 4 * 2 * planner.collective_seconds(
         "all_reduce", activation, planner.ring_costs(cluster.intra, 2)))
     assert str(p.layout) == "TP 2 × PP 2 × DP 2 + ZeRO-1"
@@ -241,3 +244,61 @@ def test_root_params_are_what_the_layers_leave():
     config = preset("Llama 2 7B")  # embedding and untied output layer, 32000 × 4096 each, and the final norm
     assert planner.root_params(config) == 2 * 32000 * 4096 + 4096
     assert planner.root_params(config) < count_params(config)
+
+
+def test_what_real_implementations_overlap():
+    costs = planner.ring_costs(LINK, 4)
+    g, f, b, o, m = 4e8, 2.0, 4.0, 0.04, 4  # each pass long enough to hide any one collective
+    rs, ag = (planner.collective_seconds(op, g, costs) for op in ("reduce_scatter", "all_gather"))
+
+    def step(strategy, implementation, **kw):
+        return planner.predict_dp_step(strategy, costs, g, 4, f, b, o, micro_batches=m,
+                                       implementation=implementation, **kw)
+
+    # Megatron's distributed optimizer: the reduce-scatter under the last backward, the gather under the next
+    # forward; DeepSpeed's overlap_comm: the reduce-scatter only; the course's ZeRO-1: neither
+    assert step("zero1", "megatron") == pytest.approx(f + b + o / 4)
+    assert step("zero1", "deepspeed") == pytest.approx(f + b + o / 4 + ag)
+    assert step("zero1", "course") == pytest.approx(f + b + rs + o / 4 + ag)
+    # ZeRO-2 reduce-scatters under every backward (Ψ each, not DDP's 2Ψ); its gather as stage 1's
+    assert step("zero2", "megatron") == pytest.approx(f + b + o / 4)
+    assert step("zero2", "course") == step("zero2", "deepspeed") == pytest.approx(f + b + o / 4 + ag)
+    # a gather or reduction longer than the one pass it can hide behind shows
+    short = planner.predict_dp_step("zero1", costs, g, 4, f, 0.1 * rs * m, o, micro_batches=m)
+    assert short == pytest.approx(f + 0.1 * rs * m * (m - 1) / m + rs + o / 4)
+    for bad, message in (({"implementation": "apex"}, "implementation='apex'"), ({"reshard": "never"}, "reshard='never'")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            planner.predict_dp_step("zero1", costs, g, 4, f, b, o, **bad)
+
+
+def test_zero3_gathers_as_often_as_it_reshards():
+    costs = planner.ring_costs(LINK, 4)
+    rs, ag = (planner.collective_seconds(op, 4e8, costs) for op in ("reduce_scatter", "all_gather"))
+
+    def extra(reshard, m):  # communication added to the compute, without overlap
+        return planner.predict_dp_step("zero3", costs, 4e8, 4, 0.0, 0.0, 0.0, overlap=False, micro_batches=m,
+                                       reshard=reshard)
+
+    for m in (1, 4):
+        assert extra("after_forward", m) == pytest.approx(m * (2 * ag + rs))  # FSDP2's default
+        assert extra("after_backward", m) == pytest.approx(m * (ag + rs))  # kept from forward to backward
+        assert extra("after_step", m) == pytest.approx(ag + rs)  # torch.distributed.pipelining: once per step
+    # with overlap, the pipelined FSDP2's reduce-scatter comes after the last backward: nothing hides it
+    hidden = planner.predict_dp_step("zero3", costs, 4e8, 4, 10.0, 20.0, 0.0, micro_batches=4, reshard="after_step")
+    assert hidden == pytest.approx(30.0 + rs)
+
+
+def test_zero3_beside_a_pipeline_is_priced_as_pytorchs_pipeline_runs_it():
+    """FSDP2 under ``torch.distributed.pipelining`` gathers once and reduce-scatters once per step (chapter 07
+    §5 measures it: 881,664 B on dp 2 × pp 2 whatever m), and keeps the weights and gradients whole meanwhile."""
+    w = _workload()
+    cluster = planner.Cluster(gpus_per_node=4, nodes=1)
+    grads = w.num_params / 2 * 2  # bf16, one stage's share
+    for pp_layout, m in ((planner.Layout(dp=2, pp=2, zero_stage=3), 16 // (2 * 2)),):
+        p = planner.predict(w, pp_layout, cluster)
+        assert p.micro_batches == m and p.bytes_by_axis["dp"] == pytest.approx(2 * grads)
+        one = planner.predict(w, planner.Layout(dp=2, pp=2, zero_stage=1), cluster)
+        assert p.memory.model_states == one.memory.model_states  # stage 1's memory through the step
+        per_pass = planner.predict(w, pp_layout, cluster, reshard="after_backward")
+        assert per_pass.bytes_by_axis["dp"] == pytest.approx(2 * m * grads)
+        assert per_pass.memory.model_states < p.memory.model_states

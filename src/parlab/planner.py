@@ -110,33 +110,70 @@ def collective_seconds(op: str, nbytes: float, costs: dict) -> float:
 # -- data parallelism: what each ZeRO stage sends, and what it can hide behind (chapter 04) ------------------
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+#: Whose ZeRO-1/2 is priced: what each overlaps with computation (see :func:`predict_dp_step`).
+IMPLEMENTATIONS = ("megatron", "deepspeed", "course")
+#: When ZeRO-3 frees (reshards) the weights it gathered, FSDP2's names (see :func:`predict_dp_step`).
+RESHARDS = ("after_forward", "after_backward", "after_step")
 
 
 def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: int, forward_s: float,
                     backward_s: float, optimizer_s: float, buckets: int = 1, blocks: int = 1,
                     overlap: bool = True, micro_batches: int = 1, root_bytes: float = 0.0,
-                    root_gathers: int = 1) -> float:
+                    root_gathers: int = 1, *, implementation: str = "megatron",
+                    reshard: str = "after_forward") -> float:
     """Seconds per training step of one data-parallel strategy under the α-β model (a model, not a measurement).
 
     ``costs[op] = (α, β)`` per collective call (:func:`ring_costs`, or fitted with ``fit_alpha_beta``);
     ``num_bytes``: the gradients' (= the weights') size; ``forward_s``, ``backward_s``, ``optimizer_s``: one
     rank's compute in the step (the optimizer over all its weights: ZeRO divides it by N). ``buckets``:
-    collectives DDP and stage 2 cut the gradients into; ``blocks``: stage 3's gather units. ``overlap``:
+    collectives DDP and stages 1/2 cut the gradients into; ``blocks``: stage 3's gather units. ``overlap``:
     communication runs beside computation (GPUs: NCCL on its own stream) and only the longer of the two
     counts; else (CPU: the same cores) they add. ``micro_batches``: forward/backward passes per step
-    (gradient accumulation, or a pipeline): DDP and stage 1 reduce once, after the last backward (only it
-    can hide DDP's all-reduce); stage 2 must reduce-scatter after every backward, since it keeps no whole
-    gradient to accumulate into, and stage 3 also gathers the weights for every pass (chapter 07).
+    (gradient accumulation, or a pipeline): DDP and stage 1 reduce once, during the last backward; stage 2
+    must reduce-scatter during every backward, since it keeps no whole gradient to accumulate into.
+
+    ``implementation``: whose stages 1 and 2 are priced, since what they overlap is the implementation's
+    choice, not ZeRO's:
+
+    - ``"megatron"`` (default): Megatron-LM's distributed optimizer (``overlap_grad_reduce``,
+      ``overlap_param_gather``): the gradients' reduce-scatter, bucket by bucket, during backward (stage 1:
+      the last micro-batch's; stage 2: every one's), and the updated weights' all-gather during the next
+      step's first forward (``megatron/core/distributed/README`` and ``distributed_data_parallel_config.py``);
+    - ``"deepspeed"``: DeepSpeed's ``overlap_comm``: the reduce-scatter during backward as above; the
+      all-gather of the updated weights runs inside ``step()``, after the optimizer, with nothing beside it
+      (``deepspeed/runtime/zero/stage_1_and_2.py``: ``all_gather_dp_groups``);
+    - ``"course"``: chapter 04's ``ZeroStage1``, which reduce-scatters after backward and all-gathers after
+      the step (nothing hides), and ``ZeroStage2``, which reduce-scatters its buckets during backward.
+
+    Only ZeRO's reduce-scatter (Ψ) can hide behind backward, not DDP's whole all-reduce (2Ψ).
+
+    Stage 3 (FSDP2, DeepSpeed ZeRO-3) prefetches: the blocks' gathers hide behind forward, their gathers and
+    reduce-scatters behind backward. ``reshard``: when it frees the gathered weights, in FSDP2's terms:
+
+    - ``"after_forward"`` (FSDP2's default, DeepSpeed's stage 3): gathered for every forward and again for
+      every backward, reduce-scattered after every backward: per micro-batch 2 all-gathers + 1 reduce-scatter;
+    - ``"after_backward"`` (``reshard_after_forward=False``, micro-batches run one after another, as under
+      gradient accumulation or the course's pipeline executor): kept from a forward to its backward, freed
+      after that backward, so the next pass gathers again: per micro-batch 1 all-gather + 1 reduce-scatter;
+    - ``"after_step"`` (``reshard_after_forward=False`` under ``torch.distributed.pipelining``, whose stage
+      switches off resharding and gradient sync for every backward and reduces once when all are done:
+      ``stage.py``'s ``backward_maybe_with_nosync`` and ``perform_reduce_grad``): 1 all-gather, during the
+      first forward, and 1 reduce-scatter after the last backward, with nothing left to hide it; the weights
+      and whole gradients stay on the rank through the step, which is stage 1's memory.
 
     Stage 3's root: ``root_bytes`` of ``num_bytes`` belong to the parameters outside the blocks (embeddings,
     final norm, output layer), one more gather unit. Its all-gather is the first thing forward needs and its
     reduce-scatter the last thing backward issues, so neither has computation to hide behind: both are on
     the critical path, once per pass, and so is a second gather in backward when the root is freed after
     forward (``root_gathers=2``: chapter 04's ``ZeroStage3``; FSDP2's ``fully_shard`` keeps the root from
-    forward to backward: ``root_gathers=1``, the default). The blocks' collectives hide as before.
+    forward to backward: ``root_gathers=1``, the default).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    if reshard not in RESHARDS:
+        raise ValueError(f"reshard={reshard!r}; choose one of {', '.join(RESHARDS)}")
     m = positive_int("micro_batches", micro_batches, "forward/backward passes per step")
     if not 0 <= root_bytes <= num_bytes:
         raise ValueError(f"root_bytes={root_bytes!r} must lie between 0 and num_bytes={num_bytes!r}")
@@ -151,22 +188,40 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
     def beside(compute, communication):
         return max(compute, communication) if overlap else compute + communication
 
-    n = world_size
+    n, first, last = world_size, forward_s / m, backward_s / m  # one pass: what a step's first/last can hide
     if strategy == "ddp":  # buckets all-reduced during the last backward
-        last = backward_s / m
         return forward_s + backward_s - last + beside(last, comm("all_reduce", buckets)) + optimizer_s
-    if strategy == "zero1":  # reduce-scatter after backward, all-gather after the step: nothing to hide behind
-        return forward_s + backward_s + comm("reduce_scatter", 1) + optimizer_s / n + comm("all_gather", 1)
-    if strategy == "zero2":  # buckets reduce-scattered during every backward; the all-gather after the step
-        return (forward_s + beside(backward_s, m * comm("reduce_scatter", buckets)) + optimizer_s / n
-                + comm("all_gather", buckets))
-    # stage 3 with prefetch: the blocks' gathers hide behind forward; their gathers and reduce-scatters behind
-    # backward; the root's have no computation beside them: they add
+    if strategy in ("zero1", "zero2"):
+        reduce = (1 if strategy == "zero1" else m) * comm("reduce_scatter", buckets)
+        if strategy == "zero1" and implementation == "course":  # one flat buffer after backward: nothing beside it
+            backward = backward_s + comm("reduce_scatter", 1)
+        elif strategy == "zero1":  # during the last backward
+            backward = backward_s - last + beside(last, reduce)
+        else:  # during every backward
+            backward = beside(backward_s, reduce)
+        if implementation == "megatron":  # the updated weights gathered under the next step's first forward
+            forward = forward_s - first + beside(first, comm("all_gather", buckets))
+            return forward + backward + optimizer_s / n
+        gather = comm("all_gather", 1 if strategy == "zero1" else buckets)  # after the step
+        return forward_s + backward + optimizer_s / n + gather
+    # stage 3 with prefetch: the blocks' collectives hide behind the computation; the root's add
     body = num_bytes - root_bytes
-    root = root_gathers * comm("all_gather", 1, root_bytes) + comm("reduce_scatter", 1, root_bytes) if root_bytes else 0.0
-    return (beside(forward_s, m * comm("all_gather", blocks, body))
-            + beside(backward_s, m * (comm("all_gather", blocks, body) + comm("reduce_scatter", blocks, body)))
-            + m * root + optimizer_s / n)
+    root = (root_gathers * comm("all_gather", 1, root_bytes) + comm("reduce_scatter", 1, root_bytes)
+            if root_bytes else 0.0)
+    if reshard == "after_forward":
+        return (beside(forward_s, m * comm("all_gather", blocks, body))
+                + beside(backward_s, m * (comm("all_gather", blocks, body) + comm("reduce_scatter", blocks, body)))
+                + m * root + optimizer_s / n)
+    root_gather = comm("all_gather", 1, root_bytes) if root_bytes else 0.0
+    if reshard == "after_backward":  # the first forward gathers; each later pass's backward gathers again
+        root_reduce = comm("reduce_scatter", 1, root_bytes) if root_bytes else 0.0
+        return (beside(forward_s, comm("all_gather", blocks, body))
+                + beside(backward_s, (m - 1) * comm("all_gather", blocks, body) + m * comm("reduce_scatter", blocks, body))
+                + m * (root_gather + root_reduce) + optimizer_s / n)
+    # after_step: one gather under the first forward, one reduce-scatter of everything after the last backward
+    units = blocks + (1 if root_bytes else 0)
+    return (forward_s - first + beside(first, comm("all_gather", blocks, body)) + root_gather + backward_s
+            + comm("reduce_scatter", units) + optimizer_s / n)
 
 
 # -- a machine, a model, a layout ---------------------------------------------------------------------------
@@ -316,9 +371,14 @@ class Prediction:
                 + "  ".join(f"{k} {v:.3f}" for k, v in self.parts.items() if v > 0))
 
 
-def predict(workload: Workload, layout: Layout, cluster: Cluster) -> Prediction:
+def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
+            reshard: str | None = None) -> Prediction:
     """Memory per rank and seconds per step of ``workload`` under ``layout`` on ``cluster`` (a model: see
-    the module docstring for what it counts and what it leaves out)."""
+    the module docstring for what it counts and what it leaves out). ``implementation`` and ``reshard``: as
+    :func:`predict_dp_step` takes them; ``reshard=None``: ZeRO-3 beside a pipeline as
+    ``torch.distributed.pipelining`` runs FSDP2 (``"after_step"``), else FSDP2's default (``"after_forward"``)."""
+    if reshard is None:
+        reshard = "after_step" if layout.pp > 1 else "after_forward"
     topo = layout.topology
     if topo.world_size != cluster.world_size:
         raise ValueError(f"layout {layout} uses {topo.world_size} ranks; the cluster has {cluster.world_size}")
@@ -350,21 +410,25 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster) -> Prediction:
         step = predict_dp_step(STRATEGIES[layout.zero_stage], ring_costs(cluster.link(topo, "dp"), dp), grad_bytes,
                                dp, forward_s, backward_s, optimizer_s,
                                buckets=max(1, math.ceil(grad_bytes / BUCKET_BYTES)), blocks=max(1, round(layers)),
-                               overlap=cluster.overlap, micro_batches=m, root_bytes=root)
+                               overlap=cluster.overlap, micro_batches=m, root_bytes=root,
+                               implementation=implementation, reshard=reshard)
     else:
         step = forward_s + backward_s + optimizer_s
     optimizer_part = optimizer_s / (dp if layout.zero_stage else 1)
     parts = {"compute": m * (forward + backward), "bubble": (pp - 1) * (forward + backward),
              "tp": slots * tp_s, "pp": slots * 2 * p2p_s, "optimizer": optimizer_part}
     parts["dp"] = max(0.0, step - sum(parts.values()))
-    dp_bytes = {0: grad_bytes, 1: 2 * grad_bytes, 2: (m + 1) * grad_bytes,
-                3: m * (3 * grad_bytes - root)}[layout.zero_stage]  # FSDP2 gathers its root once per pass
+    zero3_bytes = {"after_forward": m * (3 * grad_bytes - root),  # FSDP2 gathers its root once per pass
+                   "after_backward": 2 * m * grad_bytes, "after_step": 2 * grad_bytes}[reshard]
+    dp_bytes = {0: grad_bytes, 1: 2 * grad_bytes, 2: (m + 1) * grad_bytes, 3: zero3_bytes}[layout.zero_stage]
     bytes_by_axis = {"dp": dp_bytes if dp > 1 else 0, "tp": 4 * layers * m * activation if tp > 1 else 0,
                      "pp": 2 * m * activation if pp > 1 else 0}
     # The config itself, so that activations follow the architecture (chapter 01); the estimator builds it
     # once on the meta device and caches it, so pricing many layouts costs no rebuilds.
+    # ZeRO-3 resharding only after the step holds the weights and whole gradients through it: stage 1's memory
+    held_stage = 1 if layout.zero_stage == 3 and reshard == "after_step" else layout.zero_stage
     memory = estimate_memory(w.config, precision=w.precision, optimizer=w.optimizer,
-                             world_size=topo.world_size, zero_stage=layout.zero_stage, tp_size=tp, pp_size=pp,
+                             world_size=topo.world_size, zero_stage=held_stage, tp_size=tp, pp_size=pp,
                              micro_batch=w.micro_batch, seq_len=w.seq_len, checkpointing=w.checkpointing)
     return Prediction(layout, memory, step, parts, bytes_by_axis, (pp - 1) / slots, m,
                       memory.total <= cluster.gpu.memory)

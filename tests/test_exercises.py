@@ -398,3 +398,125 @@ def test_chapter_07_solutions_shown_pass_their_checks():
     check_group_ranks(namespace["group_ranks"])
     check_model_states(namespace["model_states"])
     check_layout_choice(namespace["choose_layout"])
+
+
+# ---- chapter 04 -------------------------------------------------------------------------------------
+
+def _chapter_04_solutions() -> dict:
+    """The solutions chapter 04 shows in its collapsed ``solution`` cells, defined as the chapter defines them."""
+    import math
+    from pathlib import Path
+
+    import nbformat
+
+    from parlab.models import tiny_gpt2
+
+    notebook = nbformat.read(Path(__file__).parents[1] / "notebooks" / "04_zero.ipynb", 4)
+    cells = [c.source for c in notebook.cells if "solution" in c.metadata.get("tags", [])]
+    assert len(cells) == 4 and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in notebook.cells
+                                   if "solution" in c.metadata.get("tags", []))
+    namespace = {"torch": torch, "dist": dist, "math": math, "tiny_gpt2": tiny_gpt2}
+    for source in cells:
+        exec(source, namespace)
+    return namespace
+
+
+def _summed_to_owners(flat):  # planted: the sum, not the average
+    n = dist.get_world_size()
+    per = -(-flat.numel() // n)
+    padded = torch.zeros(per * n)
+    padded[:flat.numel()] = flat
+    for owner, chunk in enumerate(padded.chunk(n)):
+        dist.reduce(chunk, dst=owner)
+    return padded.chunk(n)[dist.get_rank()].clone()
+
+
+def _unpadded_to_owners(flat):  # planted: floor-sized shards, no padding
+    n = dist.get_world_size()
+    per = flat.numel() // n
+    out = flat[:per * n].clone()
+    for owner, chunk in enumerate(out.chunk(n)):
+        dist.reduce(chunk, dst=owner)
+    return out.chunk(n)[dist.get_rank()] / n
+
+
+def _reduce_scattered(flat):  # right values, through the collective the exercise asks to build
+    n = dist.get_world_size()
+    per = -(-flat.numel() // n)
+    padded = torch.zeros(per * n)
+    padded[:flat.numel()] = flat
+    out = torch.empty(per)
+    dist.reduce_scatter_tensor(out, padded)
+    return out / n
+
+
+def test_chapter_04_reduce_to_owners_both_ways():
+    from parlab.exercises import ch04, check_reduce_to_owners
+
+    solutions = _chapter_04_solutions()
+    assert "from reduces alone" in repr(check_reduce_to_owners(solutions["solution_reduce_to_owners"]))
+    with pytest.raises(ExerciseFailed, match="that is the sum over ranks"):
+        check_reduce_to_owners(_summed_to_owners)
+    with pytest.raises(ExerciseFailed, match=r"⌈10/3⌉ = 4 elements"):
+        check_reduce_to_owners(_unpadded_to_owners)
+    with pytest.raises(ExerciseFailed, match="through reduce_scatter: build it from dist.reduce alone"):
+        check_reduce_to_owners(_reduce_scattered)
+    with pytest.raises(ExerciseFailed, match="not with the check's own reference"):  # the package's answer, refused
+        check_reduce_to_owners(lambda flat: ch04._reference_owner_shards(flat))
+
+
+def test_chapter_04_peak_gathered_both_ways():
+    from parlab.exercises import ch04, check_peak_gathered
+
+    solutions = _chapter_04_solutions()
+    assert "8 cases" in repr(check_peak_gathered(solutions["solution_peak_gathered"]))
+    with pytest.raises(ExerciseFailed, match="need padding"):
+        check_peak_gathered(lambda blocks, root, prefetch, n: solutions["solution_peak_gathered"](blocks, root, prefetch, 1))
+    with pytest.raises(ExerciseFailed, match="without prefetch"):
+        check_peak_gathered(lambda blocks, root, prefetch, n: solutions["solution_peak_gathered"](blocks, root, False, n))
+    with pytest.raises(ExerciseFailed, match="not with the check's own reference"):
+        check_peak_gathered(lambda *args: ch04.reference_peak_gathered(*args))
+    assert ch04.reference_peak_gathered([1, 2], 0, True, 1) == 3  # and the package's answer is back
+
+
+def test_chapter_04_accumulation_volume_both_ways():
+    from parlab import planner
+    from parlab.exercises import check_accumulation_volume
+
+    solutions = _chapter_04_solutions()
+    assert "all 5 strategies" in repr(check_accumulation_volume(solutions["solution_accumulation_volume"]))
+    with pytest.raises(ExerciseFailed, match="where does the next micro-batch's gradient go"):  # planted: as stage 1
+        check_accumulation_volume(lambda s, m: 2 if s in ("ddp", "zero1", "zero2") else
+                                  solutions["solution_accumulation_volume"](s, m))
+    with pytest.raises(ExerciseFailed, match="does every micro-batch's forward find the weights gathered"):
+        check_accumulation_volume(lambda s, m: solutions["solution_accumulation_volume"](s, 1 if s.startswith("zero3") else m))
+
+    def priced(strategy, micro_batches):  # the planner's answer, refused
+        costs = {op: (0.0, 1.0) for op in ("all_reduce", "all_gather", "reduce_scatter")}
+        return planner.predict_dp_step(strategy, costs, 1.0, 2, 0, 0, 0, micro_batches=micro_batches)
+
+    with pytest.raises(ExerciseFailed, match="not with the planner"):
+        check_accumulation_volume(priced)
+
+
+def test_chapter_04_keep_gathered_both_ways():
+    from parlab.exercises import check_keep_gathered
+
+    sizes = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)
+    solutions = _chapter_04_solutions()
+    for world_size in (3, 4):
+        block, saved = solutions["solution_keep_gathered"](sizes, world_size)
+        assert "keep block 1" in repr(check_keep_gathered(block, saved, sizes, world_size))
+        with pytest.raises(ExerciseFailed, match="which one's backward comes first"):  # planted: the first block
+            check_keep_gathered(0, saved, sizes, world_size)
+        with pytest.raises(ExerciseFailed, match="only one gather is skipped"):
+            check_keep_gathered(block, 2 * saved, sizes, world_size)
+    with pytest.raises(ExerciseFailed, match="padded to a multiple of world_size"):  # 3 does not divide the block
+        check_keep_gathered(1, 4 * sum(p.numel() for p in _gpt_block(sizes)), sizes, 3)
+
+
+def _gpt_block(sizes):
+    from parlab.models import tiny_gpt2
+
+    return list(tiny_gpt2(**sizes).transformer.h[-1].parameters())
+

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import parlab
+from parlab.bench.zero import FirstGradients, margin
 from parlab.launch import preload
 from parlab.measure import CommLog, record_comm, record_ddp
 from parlab.models import regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
@@ -27,7 +28,10 @@ from parlab.parallel import ZeroStage1, ZeroStage2, ZeroStage3
 
 STEPS = 3
 GLOBAL_BATCH = 12  # splits evenly over 2, 3 and 4 ranks
-LR = 1e-3  # Adam turns a rounding-level difference in a near-zero gradient into up to lr: keep it small
+# Adam's first step is lr·g/(|g| + eps): a rounding-level difference δ in a gradient moves it by at most
+# lr·min(2, δ/eps). eps keeps that under the tolerance where g itself is rounding-sized; a small lr, elsewhere.
+# Adam also all but ignores a uniform scale of g: the reduced gradients are compared too (FirstGradients).
+LR = 1e-3
 D_OUT = 7  # the MLP then has 3,175 parameters: divisible by none of 2, 3, 4
 TASKS = ("mlp", "gpt2")
 OPTIMIZERS = {"adam": (torch.optim.Adam, {}), "adamw": (torch.optim.AdamW, {"weight_decay": 0.1})}
@@ -39,6 +43,8 @@ CONFIGS = [("ddp", "adam"), ("ddp", "adamw"), ("zero1", "adam"), ("zero1_all_red
            ("zero3_prefetch", "adamw"), ("zero3_keep", "adamw"), ("fsdp2", "adamw"), ("fsdp2_keep", "adamw"),
            ("zero3_bf16", "adamw"), ("fsdp2_bf16", "adamw"), ("zero1_bf16", "adam")]
 PLANTED = ("zero1_no_gather", "adam")
+# Planted scale bugs, which Adam's weights let through by a hair: gradients divided by N twice, or summed
+SCALE_BUGS = [("zero1_divided_twice", "adam"), ("zero1_summed", "adam"), ("zero2_summed", "adamw")]
 
 
 def build(task: str, seed: int = 1):
@@ -59,6 +65,24 @@ class NoGather(ZeroStage1):
         pass
 
 
+def _planted(stage, bug):
+    """A planted scale bug in a stage's gradient reduction: ``"divided_twice"`` (÷ N before the collective
+    as well) or ``"summed"`` (the sum over ranks, not the average)."""
+
+    class Planted(stage):
+        def _communicate(self, op, tensor, label, **kwargs):
+            if op in ("reduce_scatter", "all_reduce") and label is not None:
+                if bug == "divided_twice":
+                    tensor.div_(self.world_size)
+                elif kwargs.get("reduce_op") == dist.ReduceOp.AVG:  # stage 2: AVG in the collective
+                    kwargs["reduce_op"] = dist.ReduceOp.SUM
+                else:  # stage 1 divides before a SUM: undo it
+                    tensor.mul_(self.world_size)
+            return super()._communicate(op, tensor, label, **kwargs)
+
+    return Planted
+
+
 def _wrap(name, model, blocks, opt, log):
     """(what the loop calls, its optimizer or None, a function returning the final parameters)."""
     optimizer, kwargs = OPTIMIZERS[opt]
@@ -69,8 +93,11 @@ def _wrap(name, model, blocks, opt, log):
                  "zero3": dict(blocks=blocks), "zero3_prefetch": dict(blocks=blocks, prefetch=True),
                  "zero3_keep": dict(blocks=blocks, reshard_after_forward=False),
                  "zero3_bf16": dict(blocks=blocks, prefetch=True, **BF16), "zero1_bf16": BF16}.get(name, {})
-        zero = (NoGather if name == "zero1_no_gather" else stage)(model, optimizer, on_collective=log, **extra,
-                                                                  **kwargs)
+        if name == "zero1_no_gather":
+            stage = NoGather
+        elif name.endswith(("_divided_twice", "_summed")):
+            stage = _planted(stage, name.split("_", 1)[1])
+        zero = stage(model, optimizer, on_collective=log, **extra, **kwargs)
         return zero, None, zero.full_state_dict
     if name.startswith("fsdp2"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -104,6 +131,7 @@ def train(name: str, opt: str, task: str) -> dict:
     model.to(dev)
     log = CommLog()
     model_, optimizer, final = _wrap(name, model, blocks, opt, log)
+    grads = FirstGradients(model_, model=model)
     losses, backward = [], None
     for s in range(STEPS):
         log.records.clear()
@@ -114,6 +142,7 @@ def train(name: str, opt: str, task: str) -> dict:
             start = time.perf_counter()
             loss.backward()
             backward = (start, time.perf_counter())
+            grads.after_backward()
             if optimizer is None:
                 model_.step()
                 model_.zero_grad()
@@ -124,7 +153,7 @@ def train(name: str, opt: str, task: str) -> dict:
         dist.all_reduce(total)
         losses.append(total.item() / n)
     # losses in float32, so that they are compared to fp32's precision
-    out = {"params": final(), "losses": torch.tensor(losses), "records": log.records, "backward": backward,
+    out = {"params": final(), "grads": grads.whole(), "losses": torch.tensor(losses), "records": log.records, "backward": backward,
            "broadcast": sum(r.bytes for r in seen.records if r.op == "broadcast")}
     if hasattr(model_, "groups"):
         out["groups"] = [(g.name, g.numel, g.padded_numel) for g in model_.groups]
@@ -137,12 +166,12 @@ def run_all(cfgs):
 
 
 def reference(task: str, opt: str, mixed: bool = False):
-    """One process, the whole global batch per step: (final parameters, losses). ``mixed``: bf16 compute,
-    fp32 master weights and optimizer, as the ZeRO paper trains."""
+    """One process, the whole global batch per step: (final parameters, losses, the first step's gradients).
+    ``mixed``: bf16 compute, fp32 master weights and optimizer, as the ZeRO paper trains."""
     model, batch, loss_fn, _ = build(task)
     optimizer, kwargs = OPTIMIZERS[opt]
     optimizer = optimizer(model.parameters(), lr=LR, **kwargs)
-    losses = []
+    losses, first = [], None
     for s in range(STEPS):
         x = batch(s)
         if mixed:
@@ -155,10 +184,12 @@ def reference(task: str, opt: str, mixed: bool = False):
         else:
             loss = loss_fn(model, x)
             loss.backward()
+        if first is None:
+            first = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    return {n: p.detach().clone() for n, p in model.named_parameters()}, torch.tensor(losses)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, torch.tensor(losses), first
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +208,7 @@ def warm_ranks():
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
 def trained(request, warm_ranks):
     n = request.param
-    cfgs = [(name, opt, task) for task in TASKS for name, opt in CONFIGS] + [(*PLANTED, "mlp")]
+    cfgs = [(name, opt, task) for task in TASKS for name, opt in CONFIGS + SCALE_BUGS] + [(*PLANTED, "mlp")]
     per_rank = parlab.launch(run_all, world_size=n, args=(cfgs,), timeout=180, output="rank0", announce=False)
     return n, per_rank
 
@@ -193,7 +224,7 @@ def _fp32_zero(task):
 def test_every_rank_ends_with_the_same_parameters(trained):
     n, per_rank = trained
     for cfg in per_rank[0]:
-        if cfg[0] == PLANTED[0]:
+        if cfg[0] == PLANTED[0] or cfg[:2] in SCALE_BUGS:
             continue
         for r in range(1, n):
             assert_close(per_rank[r][cfg]["params"], per_rank[0][cfg]["params"], rtol=0, atol=0,
@@ -204,8 +235,9 @@ def test_every_rank_ends_with_the_same_parameters(trained):
 def test_each_stage_matches_a_single_process(trained, refs, task):
     n, per_rank = trained
     for cfg in _fp32_zero(task) + [("ddp", o, task) for o in OPTIMIZERS]:
-        params, losses = refs[task, cfg[1]]
+        params, losses, grads = refs[task, cfg[1]]
         got = per_rank[0][cfg]
+        assert_close(got["grads"], grads, msg=lambda m, c=cfg: f"{_label(c, n)}, first gradients vs single process: {m}")
         assert_close(got["losses"], losses, msg=lambda m, c=cfg: f"{_label(c, n)}, losses vs single process: {m}")
         assert_close(got["params"], params, msg=lambda m, c=cfg: f"{_label(c, n)} vs single process: {m}")
 
@@ -215,6 +247,7 @@ def test_each_stage_matches_ddp(trained, task):
     n, per_rank = trained
     for cfg in _fp32_zero(task):
         ddp = per_rank[0][("ddp", cfg[1], task)]
+        assert_close(per_rank[0][cfg]["grads"], ddp["grads"], msg=lambda m, c=cfg: f"{_label(c, n)} grads vs DDP: {m}")
         assert_close(per_rank[0][cfg]["params"], ddp["params"], msg=lambda m, c=cfg: f"{_label(c, n)} vs DDP: {m}")
         assert_close(per_rank[0][cfg]["losses"], ddp["losses"])
 
@@ -225,6 +258,7 @@ def test_stage1_matches_zero_redundancy_optimizer(trained, task):
     theirs = per_rank[0][("zero_redundancy_optimizer", "adam", task)]
     for name in ("zero1", "zero1_all_reduce"):
         cfg = (name, "adam", task)
+        assert_close(per_rank[0][cfg]["grads"], theirs["grads"])
         assert_close(per_rank[0][cfg]["params"], theirs["params"],
                      msg=lambda m, c=cfg: f"{_label(c, n)} vs ZeroRedundancyOptimizer: {m}")
         assert_close(per_rank[0][cfg]["losses"], theirs["losses"])
@@ -239,6 +273,7 @@ def test_stage3_matches_fsdp2(trained, task):
              ("zero3_bf16", "fsdp2_bf16")]
     for ours, theirs in pairs:
         a, b = per_rank[0][(ours, "adamw", task)], per_rank[0][(theirs, "adamw", task)]
+        assert_close(a["grads"], b["grads"], msg=lambda m, o=ours: f"{o}/{task} at world size {n}, grads vs FSDP2: {m}")
         assert_close(a["params"], b["params"], msg=lambda m, o=ours: f"{o}/{task} at world size {n} vs FSDP2: {m}")
         assert_close(a["losses"], b["losses"])
 
@@ -249,7 +284,7 @@ def test_mixed_precision_losses_follow_a_single_process(trained, refs, task):
     gradient's size) can turn into whole steps on weights whose gradient is nearly zero: so the losses are
     compared with the single process, to bf16's precision, and the weights with FSDP2 (above), exactly."""
     n, per_rank = trained
-    _, losses = refs[task, "mixed"]
+    _, losses, _ = refs[task, "mixed"]
     for name in ("zero3_bf16", "zero1_bf16"):
         opt = "adamw" if name == "zero3_bf16" else "adam"
         assert_close(per_rank[0][(name, opt, task)]["losses"], losses, rtol=1e-2, atol=0,
@@ -260,6 +295,23 @@ def test_the_checks_catch_a_missing_all_gather(trained, refs):
     _, per_rank = trained
     with pytest.raises(AssertionError):
         assert_close(per_rank[0][(*PLANTED, "mlp")]["params"], refs["mlp", "adam"][0])
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_wrong_gradient_scale_fails_by_orders_of_magnitude(trained, refs, task, capsys):
+    """Gradients divided by N twice, or summed instead of averaged: Adam's weights move by what eps lets
+    through (near the tolerance), the reduced gradients by (N − 1)/N or N − 1 of themselves: thousands of
+    times the tolerance. The margins (in units of assert_close's tolerance) are printed."""
+    n, per_rank = trained
+    for cfg in SCALE_BUGS:
+        got, (params, _, grads) = per_rank[0][(*cfg, task)], refs[task, cfg[1]]
+        on_grads, on_weights = margin(got["grads"], grads), margin(got["params"], params)
+        with capsys.disabled():
+            print(f"\n{cfg[0]}/{task} at world size {n}: {on_grads:,.0f}x the tolerance on the first gradients, "
+                  f"{on_weights:,.2f}x on Adam's weights after {STEPS} steps")
+        assert on_grads > 1e3, (cfg, on_grads)
+        with pytest.raises(AssertionError):
+            assert_close(got["grads"], grads)
 
 
 def test_padding_makes_any_count_shard_evenly(trained):
@@ -389,39 +441,3 @@ def test_misuse_is_explained():
     assert "zero_grad" in errors[6]
     assert "step()" in errors[7]
     assert "second backward" in errors[8]
-
-
-# -- the chapter's exercises ---------------------------------------------------------------------------------
-
-
-def _floor_shard(flat, rank, world_size):
-    per = flat.numel() // world_size
-    return flat[rank * per:(rank + 1) * per].clone()
-
-
-def _untrimmed_gather(shard, numel):
-    whole = torch.empty(shard.numel() * dist.get_world_size())
-    dist.all_gather(list(whole.chunk(dist.get_world_size())), shard)
-    return whole
-
-
-def test_exercise_checks_pass_the_references_and_explain_wrong_answers():
-    from parlab.exercises import ExerciseFailed, check_flat_sharding, check_peak_gathered, check_smallest_stage
-    from parlab.exercises.ch04 import (reference_gather, reference_peak_gathered, reference_shard,
-                                       reference_smallest_stage)
-
-    assert "every rank's shard" in repr(check_flat_sharding(reference_shard, reference_gather, 3))
-    with pytest.raises(ExerciseFailed, match=r"⌈10/3⌉ = 4 elements"):
-        check_flat_sharding(_floor_shard, reference_gather, 3)
-    with pytest.raises(ExerciseFailed, match="padding is still there"):
-        check_flat_sharding(reference_shard, _untrimmed_gather, 3)
-
-    assert "8 cases" in repr(check_peak_gathered(reference_peak_gathered))
-    with pytest.raises(ExerciseFailed, match="need padding"):
-        check_peak_gathered(lambda blocks, root, prefetch, n: reference_peak_gathered(blocks, root, prefetch))
-    with pytest.raises(ExerciseFailed, match="without prefetch"):
-        check_peak_gathered(lambda blocks, root, prefetch, n: reference_peak_gathered(blocks, root, False, n))
-
-    assert "8 cases" in repr(check_smallest_stage(reference_smallest_stage))
-    with pytest.raises(ExerciseFailed, match="expected 0, got 3"):
-        check_smallest_stage(lambda num_params, n, gb, precision: 3)

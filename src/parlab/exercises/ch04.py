@@ -1,6 +1,13 @@
-"""Chapter 04's exercises (ZeRO, Rajbhandari et al. 2020): shard and gather a flat buffer with padding over an
-uneven number of ranks; how many weights stage 3 holds gathered at once, with and without prefetch; the
-smallest stage whose model states fit a GPU."""
+"""Chapter 04's exercises (ZeRO, Rajbhandari et al. 2020). None is answered in the chapter, and none can be
+passed by calling the package's own answer (:func:`parlab.exercises.core.without` refuses it while the
+learner's function runs):
+
+1. :func:`check_reduce_to_owners`: the paper's stage 2 (§5.2) reduces each rank's partition *to* that rank.
+   Build a reduce-scatter out of ``dist.reduce`` alone, padded for an uneven number of ranks.
+2. :func:`check_peak_gathered`: how many weights stage 3 holds gathered at once, with and without prefetch.
+3. :func:`check_accumulation_volume`: the bytes each strategy moves per step under gradient accumulation.
+4. :func:`check_keep_gathered`: which block to keep gathered from forward to backward, and what it saves.
+"""
 
 from __future__ import annotations
 
@@ -8,63 +15,70 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, first_difference
+from parlab.exercises.core import ExerciseFailed, Passed, first_difference, without
 
-FLAT_SIZES = (10, 7, 12, 1)  # elements in the flat buffers the check shards: most do not divide evenly
+FLAT_SIZES = (10, 7, 12, 1)  # elements in the flat gradients the check reduces: most do not divide evenly
 
 
-def reference_shard(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """This rank's ⌈numel / world_size⌉ elements of ``flat``, the last shards padded with zeros."""
-    per = -(-flat.numel() // world_size)
-    padded = torch.zeros(per * world_size, dtype=flat.dtype)
+# -- 1. a reduce-scatter out of reduces -------------------------------------------------------------------------
+
+def _reference_owner_shards(flat: torch.Tensor, group=None) -> torch.Tensor:
+    """This rank's ⌈numel / N⌉ elements of the average of ``flat`` over the ranks (zeros past the end)."""
+    n = dist.get_world_size(group)
+    per = -(-flat.numel() // n)
+    padded = torch.zeros(per * n, dtype=flat.dtype)
     padded[:flat.numel()] = flat
-    return padded[rank * per:(rank + 1) * per].clone()
+    out = torch.empty(per, dtype=flat.dtype)
+    dist.reduce_scatter_tensor(out, padded, group=group)
+    return out / n
 
 
-def reference_gather(shard: torch.Tensor, numel: int) -> torch.Tensor:
-    """On every rank: every rank's shard, in rank order, without the padding."""
-    whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype)
-    dist.all_gather(list(whole.chunk(dist.get_world_size())), shard)
-    return whole[:numel]
+def _owners_on_rank(fn) -> dict:
+    from parlab.exercises import ch04
+    from parlab.measure import record_comm
 
-
-def _flat_on_rank(shard_fn, gather_fn) -> list[str]:
     rank, n = parlab.rank(), parlab.world_size()
-    findings = []
+    findings, ops = [], set()
     for numel in FLAT_SIZES:
-        flat = torch.arange(1.0, numel + 1)  # no zeros: padding cannot pass for data
-        want = reference_shard(flat, rank, n)
-        got = shard_fn(flat.clone(), rank, n)
+        flat = torch.arange(1.0, numel + 1) * (rank + 1)  # distinct per rank: a sum or a wrong rank shows
+        want = _reference_owner_shards(flat.clone())
+        try:
+            with record_comm() as seen, without(ch04, ["_reference_owner_shards"],
+                                                "write it with dist.reduce, not with the check's own reference"):
+                got = fn(flat.clone())
+        except ExerciseFailed as refused:
+            return {"findings": [str(refused)], "ops": []}
+        ops |= {r.op for r in seen.records}
         problem = first_difference(got, want)
         if problem and isinstance(got, torch.Tensor) and got.numel() != want.numel():
-            problem += (f": every rank's shard has ⌈{numel}/{n}⌉ = {want.numel()} elements, so that all are equal "
-                        f"(the collectives need that); pad the buffer with zeros to {want.numel() * n} first")
+            problem += (f": every rank's shard has ⌈{numel}/{n}⌉ = {want.numel()} elements (pad the gradient with "
+                        f"zeros to {want.numel() * n} first)")
+        elif problem and isinstance(got, torch.Tensor) and torch.allclose(got, want * n):
+            problem += ": that is the sum over ranks; the optimizer needs the average"
         if problem:
-            findings.append(f"shard of a {numel}-element buffer: {problem}")
-        whole = gather_fn(want.clone(), numel)  # from the right shards, so that its own mistakes show
-        problem = first_difference(whole, flat)
-        if problem and isinstance(whole, torch.Tensor) and whole.numel() == want.numel() * n != numel:
-            problem += ": the padding is still there; return only the first numel elements"
-        if problem:
-            findings.append(f"gather to {numel} elements: {problem}")
-    return findings
+            findings.append(f"{numel}-element gradient: {problem}")
+    return {"findings": findings, "ops": sorted(ops)}
 
 
-def check_flat_sharding(shard_fn, gather_fn, world_size: int = 3) -> Passed:
-    """Chapter 04: ``shard_fn(flat, rank, world_size)`` → this rank's padded shard; ``gather_fn(shard, numel)``
-    on every rank → the whole buffer. Run on ``world_size`` ranks over buffers of 10, 7, 12 and 1 elements."""
-    for name, fn in (("shard_fn", shard_fn), ("gather_fn", gather_fn)):
-        if not callable(fn):
-            raise TypeError(f"{name} must be the function you wrote; got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an int >= 2; got {world_size!r}")
-    per_rank = parlab.launch(_flat_on_rank, world_size=world_size, args=(shard_fn, gather_fn), announce=False)
-    report = [f"rank {r}: {line}" for r, lines in enumerate(per_rank) for line in lines]
+def check_reduce_to_owners(fn, world_size: int = 3) -> Passed:
+    """Chapter 04, exercise 1: ``fn(flat)`` on every rank → this rank's padded shard of the average of the
+    ranks' 1-D ``flat`` gradients, using ``dist.reduce`` only (one call per owner). On ``world_size`` ranks,
+    over gradients of 10, 7, 12 and 1 elements."""
+    if not callable(fn):
+        raise TypeError(f"fn must be the function you wrote; got {type(fn).__name__}")
+    per_rank = parlab.launch(_owners_on_rank, world_size=world_size, args=(fn,), announce=False, timeout=60)
+    report = [f"rank {r}: {line}" for r, out in enumerate(per_rank) for line in out["findings"]]
     if report:
         raise ExerciseFailed("not right yet:\n  " + "\n  ".join(report[:8]))
-    return Passed(f"every rank's shard and every gathered buffer are right on {world_size} ranks, "
-                  f"for {len(FLAT_SIZES)} buffer sizes")
+    other = sorted({op for out in per_rank for op in out["ops"]} - {"reduce"})
+    if other:
+        raise ExerciseFailed(f"right values, but through {', '.join(other)}: build it from dist.reduce alone "
+                             f"(the point is that a reduce-scatter is N reduces, each rank the root of one)")
+    return Passed(f"every rank holds its shard of the average on {world_size} ranks, for {len(FLAT_SIZES)} "
+                  f"gradient sizes, from reduces alone")
 
+
+# -- 2. what prefetch costs ---------------------------------------------------------------------------------------
 
 def reference_peak_gathered(block_numels, root_numel: int, prefetch: bool, world_size: int = 1) -> int:
     """Elements of gathered weights ``ZeroStage3`` holds at once: the root for the whole forward and backward,
@@ -78,14 +92,18 @@ def reference_peak_gathered(block_numels, root_numel: int, prefetch: bool, world
 
 
 def check_peak_gathered(fn) -> Passed:
-    """Chapter 04: ``fn(block_numels, root_numel, prefetch, world_size)`` → the most weights (elements) stage 3
-    holds gathered at once."""
+    """Chapter 04, exercise 2: ``fn(block_numels, root_numel, prefetch, world_size)`` → the most weights
+    (elements) stage 3 holds gathered at once."""
+    from parlab.exercises import ch04
+
     cases = [([100, 300, 200], 50, False, 2), ([100, 300, 200], 50, True, 2), ([10, 10, 10, 10], 0, True, 3),
              ([7, 20, 5, 30], 11, True, 4), ([7, 20, 5, 30], 11, False, 4), ([1000], 9, True, 3),
              ([12704, 12704], 5184, True, 3), ([544, 64, 2112, 455], 0, True, 3)]
     for blocks, root, prefetch, n in cases:
         expected = reference_peak_gathered(blocks, root, prefetch, n)
-        got = fn(list(blocks), root, prefetch, n)
+        with without(ch04, ["reference_peak_gathered"], "work it out from the order stage 3 gathers and frees, "
+                                                         "not with the check's own reference"):
+            got = fn(list(blocks), root, prefetch, n)
         if got != expected:
             hint = ""
             if got == reference_peak_gathered(blocks, root, prefetch, 1):
@@ -97,27 +115,63 @@ def check_peak_gathered(fn) -> Passed:
     return Passed(f"fn agrees with the reference on all {len(cases)} cases")
 
 
-def reference_smallest_stage(num_params: int, world_size: int, gpu_gb: float, precision: str = "bf16"):
-    """The smallest ZeRO stage whose model states (Adam) fit in ``gpu_gb`` GB per rank, or ``None``."""
-    from parlab.measure import estimate_memory
+# -- 3. gradient accumulation ---------------------------------------------------------------------------------------
 
-    for stage in range(4):
-        need = estimate_memory(num_params=num_params, precision=precision, world_size=world_size,
-                               zero_stage=stage).model_states
-        if need <= gpu_gb * 1e9:
-            return stage
-    return None
+ACCUMULATING = ("ddp", "zero1", "zero2", "zero3", "zero3_keep")
 
 
-def check_smallest_stage(fn) -> Passed:
-    """Chapter 04: ``fn(num_params, world_size, gpu_gb, precision)`` → 0, 1, 2, 3 or ``None``."""
-    cases = [(1_500_000_000, 8, 80, "bf16"), (7_000_000_000, 8, 80, "bf16"), (7_000_000_000, 2, 80, "bf16"),
-             (13_000_000_000, 8, 80, "fp32"), (13_000_000_000, 8, 40, "bf16"), (70_000_000_000, 8, 80, "bf16"),
-             (70_000_000_000, 64, 80, "bf16"), (175_000_000_000, 8, 80, "bf16")]
-    for num_params, n, gb, precision in cases:
-        expected = reference_smallest_stage(num_params, n, gb, precision)
-        got = fn(num_params, n, gb, precision)
-        if got != expected:
-            raise ExerciseFailed(f"fn(num_params={num_params:_}, world_size={n}, gpu_gb={gb}, "
-                                 f"precision={precision!r}): expected {expected!r}, got {got!r}")
-    return Passed(f"fn agrees with the reference on all {len(cases)} cases")
+def _accumulation_volume(strategy: str, micro_batches: int) -> float:
+    m = micro_batches
+    return {"ddp": 2, "zero1": 2, "zero2": m + 1, "zero3": 3 * m, "zero3_keep": 2 * m}[strategy]
+
+
+def check_accumulation_volume(fn) -> Passed:
+    """Chapter 04, exercise 3: ``fn(strategy, micro_batches)`` → the communication volume per rank and step, in
+    units of Ψ, when gradients are accumulated over ``micro_batches`` forward/backward passes before one
+    optimizer step: DDP with ``no_sync``, and the course's ``ZeroStage1``, ``ZeroStage2``, ``ZeroStage3``
+    (``"zero3"``) and ``ZeroStage3(reshard_after_forward=False)`` (``"zero3_keep"``)."""
+    from parlab import planner
+
+    for strategy in ACCUMULATING:
+        for m in (1, 2, 8, 5):
+            expected = _accumulation_volume(strategy, m)
+            with without(planner, ["predict_dp_step"], "count the collectives yourself, not with the planner"):
+                got = fn(strategy, m)
+            if not isinstance(got, (int, float)) or abs(got - expected) > 1e-9:
+                hint = ""
+                if strategy == "zero2" and got == 2:
+                    hint = (": stage 2 keeps only its shard of the gradients, so where does the next micro-batch's "
+                            "gradient go before the step?")
+                elif strategy.startswith("zero3") and got == _accumulation_volume(strategy, 1):
+                    hint = ": does every micro-batch's forward find the weights gathered?"
+                raise ExerciseFailed(f"fn({strategy!r}, micro_batches={m}): expected {expected}Ψ, got {got!r}{hint}")
+    return Passed(f"the volumes of all {len(ACCUMULATING)} strategies, for 1 to 8 micro-batches, are right")
+
+
+# -- 4. which block to keep ------------------------------------------------------------------------------------------
+
+def check_keep_gathered(block: int, bytes_saved: int, sizes: dict, world_size: int) -> Passed:
+    """Chapter 04, exercise 4: ``ZeroStage3`` (fp32) frees every block after its forward and gathers it again
+    for backward. Keeping *one* block gathered from forward to backward: which (its index in
+    ``model.transformer.h``), and how many bytes of all-gather per step does it save on each rank (count
+    what this rank receives into its gathered buffer, padding included)? ``sizes``: ``tiny_gpt2``'s."""
+    from parlab.models import tiny_gpt2
+
+    model = tiny_gpt2(**sizes)
+    last = len(model.transformer.h) - 1
+    numel = sum(p.numel() for p in model.transformer.h[last].parameters())
+    padded = -(-numel // world_size) * world_size
+    if block != last:
+        raise ExerciseFailed(f"block {block!r}: every block's backward gathers its weights again; which one's "
+                             f"backward comes first, right after the forward has used it?")
+    if bytes_saved != 4 * padded:
+        hint = ""
+        if bytes_saved == 4 * numel:
+            hint = " (close: the gathered buffer is padded to a multiple of world_size)"
+        elif bytes_saved == 8 * padded:
+            hint = " (only one gather is skipped: the one before its backward)"
+        elif bytes_saved == padded:
+            hint = " (that is elements; the weights are fp32)"
+        raise ExerciseFailed(f"block {block} is right; bytes_saved={bytes_saved!r} is not{hint}")
+    return Passed(f"keep block {last} (backward starts with it): {4 * padded:,} B less all-gather per step, "
+                  f"for one block's weights held a little longer")

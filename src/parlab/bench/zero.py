@@ -479,10 +479,10 @@ def plot_gpu_model(links: dict, gpus: int, tokens: int, colors) -> dict:
         fits = gpu_fitting(name, gpus)
         alpha = next(iter(links.values())).alpha
         curves = [gpu_step_times(name, planner.Link("", alpha, b), gpus, tokens) for b in bandwidths]
-        for stage, kind in enumerate(planner.STRATEGIES):
+        for stage, kind in enumerate(planner.STRATEGIES):  # zero1 dashed: Megatron's stages 1 and 2 price alike
             ax.semilogx([b / 1e9 for b in bandwidths], [t[kind] / min(t[k] for k in fits) for t in curves],
-                        "-" if kind in fits else ":", color=colors[stage],
-                        label=kind + ("" if kind in fits else " (does not fit 80 GB)"))
+                        ("--" if kind == "zero1" else "-") if kind in fits else ":", color=colors[stage],
+                        lw=2.5 if kind == "zero2" else 1.5, label=kind + ("" if kind in fits else " (does not fit 80 GB)"))
         for link in links.values():
             ax.axvline(link.bandwidth / 1e9, color="grey", lw=0.6)
             ax.text(link.bandwidth / 1e9, 1.68, link.name, rotation=90, fontsize=7, va="top", ha="right")
@@ -491,8 +491,8 @@ def plot_gpu_model(links: dict, gpus: int, tokens: int, colors) -> dict:
         ax.set_ylim(0.98, 1.7)
         ax.set_xlabel("link bandwidth (GB/s)")
         ax.set_ylabel("MODEL: step time ÷ the fastest's")
-        ax.set_title(f"MODEL · {name}, bf16, {gpus} GPUs, {tokens:,} tokens per GPU; stages 1-2 as Megatron-LM's",
-                     fontsize=9)
+        ax.set_title(f"MODEL · {name}, bf16, {gpus} GPUs, {tokens:,} tokens per GPU\n"
+                     f"stages 1-2 as Megatron-LM overlaps them", fontsize=9)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     return winners

@@ -4,7 +4,7 @@
   behind :class:`Wrapped`), its collectives, bytes, memory, a timeline, and the **reduced gradients of the
   first step** (:class:`FirstGradients`), which a parity check compares before Adam can hide a wrong scale.
 - :func:`measure`: step time and memory per rank, every implementation on the same model in the same ranks,
-  timed in alternating rounds (chapter 04, section 6; ``benchmarks/zero.py``); :func:`plot` draws them.
+  timed in alternating rounds (chapter 04, sections 7 and 8; ``benchmarks/zero.py``); :func:`plot` draws them.
 - :func:`time_apart` (chapter 04, under the hood): the compute that ``parlab.planner.predict_dp_step`` takes,
   and what that model leaves out, each implementation timed alone and with its peers.
 """
@@ -296,7 +296,7 @@ def plot(result: dict, title: str, reference: str):
     return fig
 
 
-# -- what the α-β model of a step takes, and what it leaves out (chapter 04, section 8; the model: parlab.planner)
+# -- what the α-β model of a step takes, and what it leaves out (chapter 04, under the hood G; the model: parlab.planner)
 
 class _PlainStep:
     """One training step of the plain model with AdamW on this rank's batch, its forward, backward and
@@ -342,7 +342,7 @@ class _PlainStep:
 
 
 def time_apart(cfg: dict) -> dict:
-    """On every rank at once, in alternating rounds (chapter 04, section 8): seconds per step of each of
+    """On every rank at once, in alternating rounds (chapter 04, under the hood G): seconds per step of each of
     ``cfg["kinds"]`` (not FSDP2) over all ranks (``"together"``) and with each rank in a process group of its
     own (``"alone"``: nothing to send, no peer to wait for; what is left is the computation, the optimizer
     over every weight, since a rank alone holds every shard, and the implementation's own work: hooks, copies

@@ -6,9 +6,11 @@ ranks of the data-parallel group instead (S. Rajbhandari, J. Rasley, O. Ruwase, 
 Optimizations Toward Training Trillion Parameter Models", SC 2020, arXiv:1910.02054, §5 and §7):
 
 - :class:`ZeroStage1` (P_os): each rank keeps the optimizer state (and fp32 master weights) of its 1/N
-  shard only. After backward the gradients are reduce-scattered, Ψ per rank (``reduce="reduce_scatter"``;
-  or, naively, all-reduced, 2Ψ, of which each rank uses 1/N: ``"all_reduce"``); each rank updates its
-  shard; the weights are all-gathered, Ψ. In all 2Ψ, what DDP's all-reduce costs (§7.2.1).
+  shard only. After backward the gradients are reduce-scattered (``reduce="reduce_scatter"``: each rank
+  receives its Ψ/N, a volume of Ψ in the paper's count; or, naively, all-reduced, a volume of 2Ψ, of which
+  each rank uses 1/N: ``"all_reduce"``); each rank updates its shard; the weights are all-gathered, Ψ. In
+  all 2Ψ, what DDP's all-reduce costs (§7.2.1). This class overlaps nothing: Megatron-LM's distributed
+  optimizer reduce-scatters during backward and all-gathers during the next forward (chapter 04, section 8).
 - :class:`ZeroStage2` (P_os+g): the gradients too. They are reduce-scattered bucket by bucket *during*
   backward, as chapter 03's DDP v3 all-reduces them, and a full gradient lives only until its bucket has
   been sent: each rank keeps the gradient shard it updates with.
@@ -195,10 +197,10 @@ class ZeroStage1(_Zero):
     """P_os: optimizer state sharded; weights and gradients whole on every rank (chapter 04).
 
     One flat group holds the whole model. Backward accumulates gradients into one flat buffer (each
-    ``.grad`` is a view of it); :meth:`step` reduces it (``reduce``: ``"reduce_scatter"`` sends each rank
-    only its shard, Ψ; ``"all_reduce"`` sends everyone everything, 2Ψ), updates this rank's shard with
-    ``optimizer_class(**optimizer_kwargs)``, and all-gathers the weights (Ψ). Zero the gradients with
-    :meth:`zero_grad` (it keeps the views). Rajbhandari et al. 2020, §5.1 and §7.2.1.
+    ``.grad`` is a view of it); :meth:`step` reduces it (``reduce``: ``"reduce_scatter"`` delivers each rank
+    only its Ψ/N, a volume of Ψ; ``"all_reduce"`` delivers everyone all Ψ, a volume of 2Ψ), updates this
+    rank's shard with ``optimizer_class(**optimizer_kwargs)``, and all-gathers the weights (Ψ). Zero the
+    gradients with :meth:`zero_grad` (it keeps the views). Rajbhandari et al. 2020, §5.1 and §7.2.1.
     """
 
     def __init__(self, module: nn.Module, optimizer_class=torch.optim.Adam, *, reduce: str = "reduce_scatter",

@@ -5,7 +5,10 @@ mixed precision).
 
 One launch per world size (2, 3 and 4: parameter counts that do not divide, so padding is exercised)
 trains every configuration on the tiny MLP and the tiny GPT-2 and sends back the losses, the final
-parameters, the flat layout and the last step's collectives; the assertions run here.
+parameters, the first step's reduced gradients (``parlab.bench.zero.FirstGradients``), the flat layout and
+the last step's collectives; the assertions run here. The gradients are compared before the weights because
+Adam all but ignores a uniform gradient scale: planted scale bugs (÷ N twice, sum instead of average) move
+Adam's weights by a fraction to a few tens of times the tolerance, the reduced gradients by thousands.
 """
 
 from __future__ import annotations

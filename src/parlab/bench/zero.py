@@ -279,7 +279,7 @@ def plot(result: dict, title: str, reference: str):
         ax_t.text(max([bar.get_width()] + [t * 1e3 for t in (rounds or {}).get(k, [])]),
                   bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=8)
     top = max(max(v) for v in rounds.values()) if rounds else max(med.values())
-    ax_t.set_xlim(0, top * 1e3 * 1.9)
+    ax_t.set_xlim(0, top * 1e3 * 2.3)
     ax_t.set_xlabel("step time (ms): median bar" + (", one dot per round" if rounds else "") + "; lower is better")
     ax_t.invert_yaxis()
     left = [0.0] * len(kinds)

@@ -103,7 +103,7 @@ def counts_the_gate_output(s, b, h, i, bytes_per_value):
 
 
 def test_gated_mlp_check_against_measurement():
-    assert "all 3 cases" in repr(check_gated_mlp_bytes(chapter_solutions("01")["solution_gated_relu_mlp_bytes"]))
+    assert "all 4 cases" in repr(check_gated_mlp_bytes(chapter_solutions("01")["solution_gated_relu_mlp_bytes"]))
     with pytest.raises(ExerciseFailed, match=r"s=16, b=2, h=32, i=96, bytes_per_value=4\) = 53248; "
                                              r"measured 40,960 bytes. You counted one s·b·i tensor too many"):
         check_gated_mlp_bytes(counts_the_gate_output)
@@ -145,7 +145,7 @@ def halves_both(h, a, s, b):
 
 def test_activation_scaling_check_both_ways():
     solution = chapter_solutions("01")["solution_activation_scaling"]
-    assert "all 5 layers" in repr(check_activation_scaling(solution))
+    assert "all 6 layers" in repr(check_activation_scaling(solution))
     assert solution(h=1600, a=25, s=1024, b=8) == pytest.approx((2, 114 / 37))  # 34 + 80 against (34 + 40) / 2
     with pytest.raises(ExerciseFailed, match=r"expected \(2, 3\.081\), got \(2\.0, 2\.0\)\. Halving s halves"):
         check_activation_scaling(halves_both)

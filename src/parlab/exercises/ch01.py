@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import types
 
 import torch
@@ -43,6 +44,12 @@ def _measured_mlp_bytes(s, b, h, i, bytes_per_value):
     mlp = GatedReLUMLP(h, i).to(dtype)
     x = torch.randn(s, b, h, dtype=dtype, requires_grad=True) * 1  # (s, b, h), an op's output as in a model
     return measure_activations(mlp, x)
+
+
+def _with_a_fresh_case(cases: list[dict], draw) -> list[dict]:
+    """The fixed cases and one drawn anew at every check: a table of answers copied from the check's own
+    messages cannot pass it."""
+    return cases + [draw(random.Random())]
 
 
 def _reached(fn) -> list:
@@ -98,10 +105,14 @@ def _package_answers() -> dict:
 def check_gated_mlp_bytes(fn) -> Passed:
     """Chapter 01: ``fn(s, b, h, i, bytes_per_value)`` → the bytes a gated ReLU MLP,
     ``down(relu(gate(x)) * up(x))``, keeps for backward, its input ``x`` included; checked against
-    ``measure_activations`` in fp32 and bf16 (which ``fn`` may not call: count the tensors yourself)."""
+    ``measure_activations`` in fp32 and bf16 over three cases and one drawn anew (``fn`` may not call the
+    measurement: count the tensors yourself)."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
-    for case in MLP_CASES:
+    cases = _with_a_fresh_case(MLP_CASES, lambda r: dict(s=r.randrange(8, 49), b=r.randrange(1, 4),
+                                                          h=8 * r.randrange(2, 9), i=8 * r.randrange(2, 17),
+                                                          bytes_per_value=r.choice((2, 4))))
+    for case in cases:
         measured = _measured_mlp_bytes(**case)
         with _refusing(fn, _package_answers(), "the exercise asks you to count the tensors yourself "
                        "(activation_saves tells you what ReLU keeps), not to measure or estimate them"):
@@ -119,7 +130,7 @@ def check_gated_mlp_bytes(fn) -> Passed:
         elif isinstance(got, (int, float)) and got and measured % got == 0:
             hint = " Check the bytes per value: the case may be bf16."
         raise ExerciseFailed(f"{_name(fn)}({args}) = {got!r}; measured {measured:,} bytes.{hint}")
-    return Passed(f"{_name(fn)} matches what autograd keeps in all {len(MLP_CASES)} cases")
+    return Passed(f"{_name(fn)} matches what autograd keeps in all {len(cases)} cases")
 
 
 def _layer_bytes(s, b, h, a):
@@ -134,10 +145,13 @@ SCALING_CASES = [dict(h=1600, a=25, s=1024, b=8), dict(h=4096, a=32, s=4096, b=1
 def check_activation_scaling(fn) -> Passed:
     """Chapter 01: ``fn(h, a, s, b)`` → ``(by_batch, by_sequence)``: by what factor one GPT layer's
     activations (Korthikanti et al.'s count) shrink when the micro-batch ``b`` is halved, and when the
-    sequence ``s`` is halved instead. Checked to 0.1 % over five layers, from a tiny one to GPT-3's."""
+    sequence ``s`` is halved instead. Checked to 0.1 % over five layers, from a tiny one to GPT-3's, and one
+    drawn anew."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
-    for case in SCALING_CASES:
+    cases = _with_a_fresh_case(SCALING_CASES, lambda r: dict(h=64 * r.randrange(1, 65), a=r.choice((4, 8, 16, 32)),
+                                                              s=128 * r.randrange(1, 65), b=r.randrange(1, 9)))
+    for case in cases:
         s, b, h, a = case["s"], case["b"], case["h"], case["a"]
         full = _layer_bytes(s, b, h, a)
         expected = (full / _layer_bytes(s, b / 2, h, a), full / _layer_bytes(s / 2, b, h, a))
@@ -154,7 +168,7 @@ def check_activation_scaling(fn) -> Passed:
                         "they shrink four times.")
             raise ExerciseFailed(f"{_name(fn)}({args}): expected ({expected[0]:.4g}, {expected[1]:.4g}), got "
                                  f"{got!r:.60}.{hint}")
-    return Passed(f"{_name(fn)} predicts both factors for all {len(SCALING_CASES)} layers")
+    return Passed(f"{_name(fn)} predicts both factors for all {len(cases)} layers")
 
 
 def _per_param_bytes(n_d, stage, k=12):
@@ -173,11 +187,13 @@ MAX_PARAMS_CASES = ([dict(gpu_gb=g, n_d=nd, stage=s) for g in (24, 80) for nd in
 def check_max_params(fn) -> Passed:
     """Chapter 01: ``fn(gpu_gb, n_d, stage, k=12)`` → the most parameters whose mixed-precision model states
     (ZeRO's accounting: 2 + 2 + K bytes each) fit in ``gpu_gb`` GB per GPU with ZeRO ``stage`` over ``n_d``
-    data-parallel GPUs; activations ignored. Checked to 1% over GPU sizes, stages, degrees and K, without
-    the estimator."""
+    data-parallel GPUs; activations ignored. Checked to 1% over GPU sizes, stages, degrees and K (and one
+    case drawn anew), without the estimator."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
-    for case in MAX_PARAMS_CASES:
+    cases = _with_a_fresh_case(MAX_PARAMS_CASES, lambda r: dict(gpu_gb=r.randrange(8, 200), n_d=r.randrange(2, 513),
+                                                                 stage=r.randrange(4), k=r.choice((4, 8, 12))))
+    for case in cases:
         expected = _max_params(**case)
         with _refusing(fn, _package_answers(), "the exercise asks for the bytes per parameter worked out "
                        "yourself, not the estimator's"):
@@ -185,7 +201,7 @@ def check_max_params(fn) -> Passed:
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=0.01):
             args = ", ".join(f"{k}={v!r}" for k, v in case.items())
             raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected:.4g}, got {got!r:.12}")
-    return Passed(f"{_name(fn)} agrees with the reference on all {len(MAX_PARAMS_CASES)} cases")
+    return Passed(f"{_name(fn)} agrees with the reference on all {len(cases)} cases")
 
 
 def check_largest_models(one_gpu: float, zero3_64: float) -> Passed:

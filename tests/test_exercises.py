@@ -8,8 +8,10 @@ from parlab.exercises import (
     ExerciseFailed,
     check_crossover_bytes,
     check_ddp_buckets,
+    check_activation_scaling,
     check_gated_mlp_bytes,
     check_hang_prediction,
+    check_largest_models,
     check_max_params,
     check_my_slice,
     check_ranks,
@@ -81,8 +83,19 @@ def test_hang_prediction_check_both_ways():
 
 # ---- chapter 01 -------------------------------------------------------------------------------------
 
-def gated_relu_bytes(s, b, h, i, bytes_per_value):
-    return bytes_per_value * s * b * (h + 3 * i)  # x; relu's output, up's output, their product
+def chapter_solutions(chapter: str) -> dict:
+    """The chapter's collapsed solution cells (tagged ``solution``), executed: what a learner opens."""
+    import pathlib
+
+    import nbformat
+
+    path = next((pathlib.Path(__file__).parent.parent / "notebooks").glob(f"{chapter}_*.ipynb"))
+    cells = [c for c in nbformat.read(path, as_version=4).cells if "solution" in c.metadata.get("tags", [])]
+    assert cells and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in cells), "collapsed solutions"
+    scope: dict = {}
+    for cell in cells:
+        exec(cell.source, scope)  # noqa: S102 - the chapter's own solution cells
+    return scope
 
 
 def counts_the_gate_output(s, b, h, i, bytes_per_value):
@@ -90,10 +103,52 @@ def counts_the_gate_output(s, b, h, i, bytes_per_value):
 
 
 def test_gated_mlp_check_against_measurement():
-    assert "all 3 cases" in repr(check_gated_mlp_bytes(gated_relu_bytes))
+    assert "all 4 cases" in repr(check_gated_mlp_bytes(chapter_solutions("01")["solution_gated_relu_mlp_bytes"]))
     with pytest.raises(ExerciseFailed, match=r"s=16, b=2, h=32, i=96, bytes_per_value=4\) = 53248; "
                                              r"measured 40,960 bytes. You counted one s·b·i tensor too many"):
         check_gated_mlp_bytes(counts_the_gate_output)
+
+
+def test_chapter_01_checks_refuse_the_package_answers():
+    import parlab.measure
+    from parlab.exercises import ch01
+    from parlab.measure import measure_activations  # bound before the check, as a notebook cell would
+
+    def measures(s, b, h, i, bytes_per_value):
+        return measure_activations(ch01.GatedReLUMLP(h, i), torch.randn(s, b, h, requires_grad=True))
+
+    def measures_by_attribute(s, b, h, i, bytes_per_value):
+        return parlab.measure.measure_activations(ch01.GatedReLUMLP(h, i), torch.randn(s, b, h, requires_grad=True))
+
+    with pytest.raises(ExerciseFailed, match="uses parlab.measure.measure_activations: the exercise asks you to count"):
+        check_gated_mlp_bytes(measures)
+    with pytest.raises(ExerciseFailed, match="called"):
+        check_gated_mlp_bytes(measures_by_attribute)
+    assert parlab.measure.measure_activations is measure_activations  # put back after the check
+    with pytest.raises(ExerciseFailed, match="uses parlab.exercises.ch01._max_params"):
+        check_max_params(lambda gpu_gb, n_d, stage, k=12: ch01_max_params(gpu_gb, n_d, stage, k))
+    estimate = parlab.measure.estimate_memory
+
+    def by_the_estimator(gpu_gb, n_d, stage, k=12):
+        return gpu_gb * 1e9 / estimate(num_params=1, precision="bf16", world_size=n_d, zero_stage=stage).total
+
+    with pytest.raises(ExerciseFailed, match="uses parlab.measure.estimate_memory"):  # through a closure
+        check_max_params(by_the_estimator)
+
+
+ch01_max_params = _max_params
+
+
+def halves_both(h, a, s, b):
+    return 2.0, 2.0  # planted: forgets that the scores are s × s
+
+
+def test_activation_scaling_check_both_ways():
+    solution = chapter_solutions("01")["solution_activation_scaling"]
+    assert "all 6 layers" in repr(check_activation_scaling(solution))
+    assert solution(h=1600, a=25, s=1024, b=8) == pytest.approx((2, 114 / 37))  # 34 + 80 against (34 + 40) / 2
+    with pytest.raises(ExerciseFailed, match=r"expected \(2, 3\.081\), got \(2\.0, 2\.0\)\. Halving s halves"):
+        check_activation_scaling(halves_both)
 
 
 def max_params_forgets_sharding(gpu_gb, n_d, stage, k=12):
@@ -101,11 +156,18 @@ def max_params_forgets_sharding(gpu_gb, n_d, stage, k=12):
 
 
 def test_max_params_check_both_ways():
-    assert "agrees with the reference" in repr(check_max_params(_max_params))
+    solutions = chapter_solutions("01")
+    assert "agrees with the reference" in repr(check_max_params(solutions["solution_max_params"]))
     assert _max_params(80, 1, 0) == pytest.approx(5e9)  # 80 GB / 16 bytes per parameter
     with pytest.raises(ExerciseFailed, match=r"max_params_forgets_sharding\(gpu_gb=24, n_d=8, stage=1\): "
                                              r"expected 4\.364e\+09, got 1500000000\.0"):
         check_max_params(max_params_forgets_sharding)
+    assert "5 B parameters; 64 with ZeRO-3, 320 B" in repr(
+        check_largest_models(solutions["solution_one_gpu_b"], solutions["solution_zero3_64_b"]))
+    with pytest.raises(ExerciseFailed, match="zero3_64 = 80"):  # planted: the GPU size for the model size
+        check_largest_models(5, 80)
+    with pytest.raises(ExerciseFailed, match="in billions of parameters"):
+        check_largest_models(5e9, 320e9)
 
 
 # ---- chapter 02 -------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The guide's decision rules, as a plain function: which strategy for this model on this hardware (chapter 01).
 
-Hugging Face's "Efficient Training on Multiple GPUs" closes with a short decision guide (summarised in
-the course's ``shared/source/README.md``): estimate memory first; then
+Hugging Face's "Efficient Training on Multiple GPUs" (https://huggingface.co/docs/transformers/perf_train_gpu_many)
+closes with a short decision guide: estimate memory first; then
 
 - **one node**, the model fits one GPU → DDP; ZeRO may be faster or slower, so measure;
 - **one node**, it does not fit → PP, ZeRO or TP; with NVLink/NVSwitch the three perform alike, over

@@ -3,7 +3,8 @@
 - ``core``: :func:`check_ranks` (a function on N ranks against a reference), :func:`check_function`
   (plain functions over cases), :func:`first_difference`, :class:`Passed`, :class:`ExerciseFailed`.
 - ``ch00``: :func:`check_my_slice`, :func:`check_hang_prediction`.
-- ``ch01``: :func:`check_gated_mlp_bytes` (against a measurement), :func:`check_max_params`.
+- ``ch01``: :func:`check_gated_mlp_bytes` (against a measurement), :func:`check_activation_scaling`,
+  :func:`check_max_params`, :func:`check_largest_models`.
 - ``ch02``: :func:`check_recursive_doubling`, :func:`check_crossover_bytes`.
 - ``ch03``: :func:`check_weighted_average`, :func:`check_ddp_buckets` (against PyTorch's DDP).
 - ``ch04``: :func:`check_reduce_to_owners`, :func:`check_peak_gathered`, :func:`check_accumulation_volume`,
@@ -18,7 +19,8 @@ cells that nothing executes. A new chapter adds its own module here and one impo
 """
 
 from parlab.exercises.ch00 import check_hang_prediction, check_my_slice
-from parlab.exercises.ch01 import check_gated_mlp_bytes, check_max_params
+from parlab.exercises.ch01 import (check_activation_scaling, check_gated_mlp_bytes, check_largest_models,
+                                   check_max_params)
 from parlab.exercises.ch02 import check_crossover_bytes, check_recursive_doubling
 from parlab.exercises.ch03 import check_ddp_buckets, check_weighted_average
 from parlab.exercises.ch04 import (check_accumulation_volume, check_keep_gathered, check_peak_gathered,
@@ -30,6 +32,7 @@ from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_
 
 __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference",
            "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_max_params",
+           "check_activation_scaling", "check_largest_models",
            "check_recursive_doubling", "check_crossover_bytes", "check_weighted_average", "check_ddp_buckets",
            "check_reduce_to_owners", "check_peak_gathered", "check_accumulation_volume", "check_keep_gathered",
            "check_row_parallel_forward", "check_tp_collectives", "reference_tp_collectives",

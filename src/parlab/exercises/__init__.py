@@ -4,8 +4,10 @@
   (plain functions over cases), :func:`first_difference`, :class:`Passed`, :class:`ExerciseFailed`.
 - ``ch00``: :func:`check_my_slice`, :func:`check_hang_prediction`.
 - ``ch01``: :func:`check_gated_mlp_bytes` (against a measurement), :func:`check_max_params`.
-- ``ch02``: :func:`check_recursive_doubling`, :func:`check_crossover_bytes`.
-- ``ch03``: :func:`check_weighted_average`, :func:`check_ddp_buckets` (against PyTorch's DDP).
+- ``ch02``: :func:`check_recursive_doubling`, :func:`check_crossover_bytes`, :func:`check_choice` (a "think"
+  question), :func:`check_send_buffer`, :func:`check_below_crossover`.
+- ``ch03``: :func:`check_weighted_average`, :func:`check_ddp_buckets` (against PyTorch's DDP),
+  :func:`check_early_buckets`.
 - ``ch04``: :func:`check_flat_sharding`, :func:`check_peak_gathered`, :func:`check_smallest_stage`.
 - ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`.
 - ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`, :func:`check_peak_activations`.
@@ -18,8 +20,9 @@ cells that nothing executes. A new chapter adds its own module here and one impo
 
 from parlab.exercises.ch00 import check_hang_prediction, check_my_slice
 from parlab.exercises.ch01 import check_gated_mlp_bytes, check_max_params
-from parlab.exercises.ch02 import check_crossover_bytes, check_recursive_doubling
-from parlab.exercises.ch03 import check_ddp_buckets, check_weighted_average
+from parlab.exercises.ch02 import (check_below_crossover, check_choice, check_crossover_bytes, check_recursive_doubling,
+                                  check_send_buffer)
+from parlab.exercises.ch03 import check_ddp_buckets, check_early_buckets, check_weighted_average
 from parlab.exercises.ch04 import check_flat_sharding, check_peak_gathered, check_smallest_stage
 from parlab.exercises.ch05 import check_row_parallel_forward, check_tp_collectives, reference_tp_collectives
 from parlab.exercises.ch06 import check_one_f_one_b_order, check_peak_activations, check_smallest_micro_batches
@@ -28,7 +31,8 @@ from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_
 
 __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference",
            "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_max_params",
-           "check_recursive_doubling", "check_crossover_bytes", "check_weighted_average", "check_ddp_buckets",
+           "check_recursive_doubling", "check_crossover_bytes", "check_choice", "check_send_buffer",
+           "check_below_crossover", "check_weighted_average", "check_ddp_buckets", "check_early_buckets",
            "check_flat_sharding", "check_peak_gathered", "check_smallest_stage",
            "check_row_parallel_forward", "check_tp_collectives", "reference_tp_collectives",
            "check_one_f_one_b_order", "check_peak_activations", "check_smallest_micro_batches",

@@ -231,6 +231,37 @@ def test_ddp_buckets_check_refuses_a_layout_copied_from_its_message():
         check_ddp_buckets(transcribed)
 
 
+def test_chapter_03_solutions_pass_their_checks():
+    from parlab.exercises import check_early_buckets
+
+    shown = solutions("03_dp_vs_ddp.ipynb")
+    assert "global mean" in repr(check_weighted_average(shown["solution_weighted_average"], world_size=3))
+    assert "fresh gradient sizes" in repr(check_ddp_buckets(shown["solution_ddp_buckets"]))
+    sizes = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)  # the chapter's defaults
+    assert "nothing overlaps" in repr(check_early_buckets(shown["solution_early_buckets"](sizes), sizes=sizes))
+
+
+def test_early_buckets_check_both_ways():
+    from parlab.exercises import check_early_buckets
+
+    sizes = dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    with pytest.raises(ExerciseFailed, match="keys"):
+        check_early_buckets({1024: (1, 0)}, sizes=sizes)
+    with pytest.raises(ExerciseFailed, match=r"bucket_bytes=16777216: 1 of 1 buckets starting early"):
+        # planted: "every bucket leaves early", as if the last gradient could be sent before it exists
+        check_early_buckets({1024: (9, 8), 16 * 2**20: (1, 1)} | {1024: _real(sizes, 1024)}, sizes=sizes)
+    with pytest.raises(ExerciseFailed, match=r"bucket_bytes=1024: you said 3 buckets"):
+        check_early_buckets({1024: (3, 2), 16 * 2**20: (1, 0)}, sizes=sizes)
+
+
+def _real(sizes, bucket_bytes):
+    import parlab
+    from parlab.exercises.ch03 import _early_launches
+
+    return tuple(parlab.launch(_early_launches, world_size=2, args=(sizes, bucket_bytes, 8), announce=False,
+                               output="none")[0])
+
+
 # -- chapter 06 ----------------------------------------------------------------------------------------------
 
 def test_one_f_one_b_order_check_both_ways():

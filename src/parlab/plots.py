@@ -171,7 +171,8 @@ def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", la
     if fit_labels and labels:
         renderer = fig.canvas.get_renderer()
         for text, bar in labels:
-            if text.get_window_extent(renderer).width > bar.get_window_extent(renderer).width:
+            # a fifth of the bar to spare: a later tight_layout of the figure may still narrow the axes
+            if text.get_window_extent(renderer).width > 0.8 * bar.get_window_extent(renderer).width:
                 text.remove()
     return fig
 

@@ -21,8 +21,25 @@ from parlab.exercises import (
 )
 from parlab.exercises.ch01 import _max_params
 from parlab.exercises.ch02 import _crossover_bytes
-from parlab.exercises.ch03 import _reference_weighted_average
+from parlab.exercises.ch03 import _reference_buckets, _reference_weighted_average
 from parlab.ring import ring_all_reduce
+
+
+def solutions(notebook: str) -> dict:
+    """What a chapter's collapsed solution cells (tagged ``solution``) define, run as the learner would open
+    them, with the names the chapter imported before them."""
+    import math
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / notebook, as_version=4)
+    cells = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
+    assert cells and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in cells), "collapsed"
+    namespace = {"torch": torch, "dist": dist, "math": math}
+    for cell in cells:
+        exec(cell.source, namespace)
+    return namespace
 
 
 def test_first_difference_names_element_expected_and_got():
@@ -193,15 +210,31 @@ def test_recursive_doubling_check_passes_the_reference(world_size):
     assert "log₂ n × buffer" in repr(check_recursive_doubling(recursive_doubling, world_size=world_size))
 
 
-def test_recursive_doubling_check_refuses_a_ring_and_collectives():
-    # the ring gives the right sums but sends 2(n-1)/n of the buffer, not log2(n) buffers
-    with pytest.raises(ExerciseFailed, match=r"rank 0 sent 72 bytes; recursive doubling sends the whole 48-byte "
-                                             r"buffer once per step, log₂ 4 = 2 steps: 96 bytes"):
-        check_recursive_doubling(ring_all_reduce, world_size=4)
-    with pytest.raises(ExerciseFailed, match="called all_reduce"):
-        check_recursive_doubling(calls_all_reduce, world_size=2)
-    with pytest.raises(ValueError, match="power of two"):
-        check_recursive_doubling(recursive_doubling, world_size=3)
+def test_chapter_02_solutions_pass_and_think_questions_are_checked():
+    from parlab.exercises import check_below_crossover, check_send_buffer
+
+    shown = solutions("02_collectives.ipynb")
+    assert "log₂ n × buffer" in repr(check_recursive_doubling(shown["solution_my_all_reduce"], world_size=4))
+    assert "agrees" in repr(check_crossover_bytes(shown["solution_crossover_bytes"]))
+    assert "isend may still" in repr(check_send_buffer(shown["solution_why_copy"]))
+    assert "recursive doubling" in repr(check_below_crossover(shown["solution_below_wins"]))
+    # planted wrong answers: each is told why
+    with pytest.raises(ExerciseFailed, match="separate processes"):
+        check_send_buffer("c")
+    with pytest.raises(ExerciseFailed, match=r"answer with one of 'a', 'b', 'c'; got None"):
+        check_send_buffer(None)
+    with pytest.raises(ExerciseFailed, match="latency dominates"):
+        check_below_crossover("ring")
+
+
+def test_chapter_02_checks_draw_fresh_inputs():
+    # the sums a failed check prints belong to that call only: copied into an answer, they fail the next one
+    printed = []
+    for _ in range(2):
+        with pytest.raises(ExerciseFailed) as err:
+            check_recursive_doubling(lambda t: t.zero_(), world_size=2)
+        printed.append(str(err.value).split("expected")[1].splitlines()[0])
+    assert printed[0] != printed[1]
 
 
 def crossover_forgets_the_ring_chunks(n, alpha, bandwidth):
@@ -232,29 +265,64 @@ def test_weighted_average_check_both_ways():
         check_weighted_average(lambda params, b: None, world_size=2)
 
 
-def _close_buckets(ready_bytes, first_limit, cap):
-    buckets, size, limit = [], 0, first_limit
-    for nbytes in ready_bytes:
-        size += nbytes
-        if size >= limit:
-            buckets.append(size)
-            size, limit = 0, cap
-    return buckets + ([size] if size else [])
-
-
-def ddp_buckets(ready_bytes, bucket_cap_mb=None):
-    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20
-    return _close_buckets(ready_bytes, 2**20 if bucket_cap_mb is None else cap, cap)  # small first: default only
-
-
 def ddp_buckets_always_1mib_first(ready_bytes, bucket_cap_mb=None):
-    return _close_buckets(ready_bytes, 2**20, (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20)
+    # planted: a 1 MiB first bucket whatever the cap (DDP does that only at its default cap)
+    first, i = 0, 0
+    while i < len(ready_bytes) and first < 2**20:
+        first, i = first + ready_bytes[i], i + 1
+    return [first] + _reference_buckets(ready_bytes[i:], 25 if bucket_cap_mb is None else bucket_cap_mb)
 
 
 def test_ddp_buckets_check_against_pytorch():
-    assert "default cap and at 0.5 MiB" in repr(check_ddp_buckets(ddp_buckets))
+    assert "and on fresh gradient sizes" in repr(check_ddp_buckets(_reference_buckets))
     with pytest.raises(ExerciseFailed, match=r"bucket_cap_mb=0.5\)"):
         check_ddp_buckets(ddp_buckets_always_1mib_first)
+
+
+def test_ddp_buckets_check_refuses_a_layout_copied_from_its_message():
+    with pytest.raises(ExerciseFailed) as err:
+        check_ddp_buckets(lambda ready_bytes, bucket_cap_mb=None: [sum(ready_bytes)])
+    assert "DDP built" in str(err.value)  # the message shows DDP's real layout for the model's gradients
+    seen = {}
+
+    def transcribed(ready_bytes, bucket_cap_mb=None):
+        # the layouts of that message, typed in: right for the model, the same whatever the gradients
+        return seen.setdefault(bucket_cap_mb, _reference_buckets(ready_bytes, bucket_cap_mb))
+
+    with pytest.raises(ExerciseFailed, match="DDP's rule gives"):
+        check_ddp_buckets(transcribed)
+
+
+def test_chapter_03_solutions_pass_their_checks():
+    from parlab.exercises import check_early_buckets
+
+    shown = solutions("03_dp_vs_ddp.ipynb")
+    assert "global mean" in repr(check_weighted_average(shown["solution_weighted_average"], world_size=3))
+    assert "fresh gradient sizes" in repr(check_ddp_buckets(shown["solution_ddp_buckets"]))
+    sizes = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)  # the chapter's defaults
+    assert "nothing overlaps" in repr(check_early_buckets(shown["solution_early_buckets"](sizes), sizes=sizes))
+
+
+def test_early_buckets_check_both_ways():
+    from parlab.exercises import check_early_buckets
+
+    sizes = dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    with pytest.raises(ExerciseFailed, match="keys"):
+        check_early_buckets({1024: (1, 0)}, sizes=sizes)
+    right_at_1kib = _real(sizes, 1024)
+    with pytest.raises(ExerciseFailed, match=r"bucket_bytes=16777216: 1 of 1 buckets starting early"):
+        # planted: "every bucket leaves early", as if the last gradient could be sent before it exists
+        check_early_buckets({1024: right_at_1kib, 16 * 2**20: (1, 1)}, sizes=sizes)
+    with pytest.raises(ExerciseFailed, match=r"bucket_bytes=1024: you said 3 buckets"):
+        check_early_buckets({1024: (3, 2), 16 * 2**20: (1, 0)}, sizes=sizes)
+
+
+def _real(sizes, bucket_bytes):
+    import parlab
+    from parlab.exercises.ch03 import _early_launches
+
+    return tuple(parlab.launch(_early_launches, world_size=2, args=(sizes, bucket_bytes, 8), announce=False,
+                               output="none")[0])
 
 
 # -- chapter 06 ----------------------------------------------------------------------------------------------

@@ -79,3 +79,24 @@ def test_mesh_draws_every_rank_and_each_axis_groups():
     # each group joined by (its size − 1) lines, drawn as annotations beside 12 rank numbers and a caption
     joins = [sum(type(t).__name__ == "Annotation" for t in ax.texts) for ax in groups]
     assert joins == [6 * 1, 4 * 2, 6 * 1]
+
+
+def test_gantt_name_colors_and_legend():
+    events = [Event(0, "reduce-scatter", "compute", 0.0, 1.0), Event(0, "all-gather", "compute", 1.0, 2.0),
+              Event(0, "send", "comm", 0.0, 0.5)]
+    ax = plots.gantt(events, name_colors={"reduce-scatter": "#8172B3", "all-gather": "#55A868"}).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["reduce-scatter", "all-gather", "comm"]
+    colours = {tuple(round(c, 3) for c in p.get_facecolor()[:3]) for p in ax.patches}
+    assert len(colours) == 3  # no "compute" blue: the phases are not computation
+
+
+def test_gantt_fit_labels_drops_names_wider_than_their_bar():
+    events = [Event(0, "gather losses", "comm", 0.0, 0.02), Event(0, "forward", "compute", 0.0, 1.0)]
+    assert {t.get_text() for t in plots.gantt(events, label_min=0.0).axes[0].texts} == {"gather losses", "forward"}
+    assert [t.get_text() for t in plots.gantt(events, label_min=0.0, fit_labels=True).axes[0].texts] == ["forward"]
+
+
+def test_bandwidth_draws_spread_of_rounds():
+    pts = [BandwidthPoint(m, 1e-5 + m / 1e9, m / (1e-5 + m / 1e9), m / (1e-5 + m / 1e9)) for m in (1e3, 1e6)]
+    fig = plots.bandwidth({"all_reduce": pts}, spread={"all_reduce": [(0.5e-5, 2e-5), (1e-3, 1.2e-3)]})
+    assert len(fig.axes[0].collections) == 1  # one set of error bars

@@ -123,12 +123,18 @@ LANES = {"compute": (-0.19, 0.36), "comm": (0.19, 0.36), "idle": (0.0, 0.74)}
 
 
 def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", label_min: float = 0.06, ax=None,
-          label_sublanes: bool = False):
+          label_sublanes: bool = False, name_colors: dict | None = None, fit_labels: bool = False):
     """One row per rank (compute above, communication below), one bar per event, coloured by kind;
     names shown on bars wide enough (``label_min``: share of the whole span). Events of one kind that
     overlap in time on a rank (asynchronous collectives in flight together) are stacked in thinner
     sub-lanes, so that none hides another; ``label_sublanes`` names those too, in a smaller font.
-    ``ax``: draw into these axes instead of a new figure."""
+    ``ax``: draw into these axes instead of a new figure.
+
+    ``name_colors``: ``{event name: colour}`` for events that are not of their kind's nature (chapter 02's
+    ring phases are spans of the upper lane, but neither is computation): those names get their own colour
+    and legend entry. ``fit_labels``: drop a name that would stick out of its bar (white on white, it
+    reads cut: "ther losses" for "gather losses")."""
+    name_colors = name_colors or {}
     events = list(events)
     ranks = sorted({e.rank for e in events})
     if ax is None:
@@ -138,25 +144,36 @@ def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", la
     t0 = min(e.start for e in events)
     span = max(e.end for e in events) - t0 or 1
     sub = _sub_lanes(events)
+    labels = []  # (text, its bar)
     for e in sorted(events, key=lambda e: e.kind != "idle"):  # idle first, underneath
         offset, height = LANES.get(e.kind, (0.0, 0.74))
         index, count = sub[id(e)]
         height /= count
         y = ranks.index(e.rank) + offset - 0.5 * height * (count - 1) + index * height
-        ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=height,
-                color=KIND_COLORS.get(e.kind, "grey"), edgecolor="white", linewidth=0.5)
+        bar = ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=height,
+                      color=name_colors.get(e.name, KIND_COLORS.get(e.kind, "grey")), edgecolor="white",
+                      linewidth=0.5)
         if e.seconds / span > label_min and e.kind != "idle" and (count == 1 or label_sublanes):
-            ax.text((e.start - t0 + e.seconds / 2) / unit, y, e.name, ha="center", va="center",
-                    color="white", fontsize=8 if count == 1 else 6)
+            text = ax.text((e.start - t0 + e.seconds / 2) / unit, y, e.name, ha="center", va="center",
+                           color="white", fontsize=8 if count == 1 else 6)
+            labels.append((text, bar.patches[0]))
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     if not ax.yaxis_inverted():
         ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit_name})")
-    shown = [k for k in KIND_COLORS if any(e.kind == k for e in events)]  # no legend entry for nothing
-    handles = [Rectangle((0, 0), 1, 1, color=KIND_COLORS[k]) for k in shown]
-    ax.legend(handles, shown, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    named = [n for n in name_colors if any(e.name == n for e in events)]
+    shown = [k for k in KIND_COLORS if any(e.kind == k and e.name not in name_colors for e in events)]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in [name_colors[n] for n in named] +
+               [KIND_COLORS[k] for k in shown]]  # no legend entry for nothing
+    ax.legend(handles, named + shown, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(title)
     fig.tight_layout()
+    if fit_labels and labels:
+        renderer = fig.canvas.get_renderer()
+        for text, bar in labels:
+            # a fifth of the bar to spare: a later tight_layout of the figure may still narrow the axes
+            if text.get_window_extent(renderer).width > 0.8 * bar.get_window_extent(renderer).width:
+                text.remove()
     return fig
 
 
@@ -181,16 +198,23 @@ def _sub_lanes(events) -> dict:
     return out
 
 
-def bandwidth(curves: dict, fit: dict | None = None, title: str = ""):
+def bandwidth(curves: dict, fit: dict | None = None, title: str = "", spread: dict | None = None):
     """Left: time against size (log-log) with the α-β fit; right: algbw and busbw against size.
 
     curves: ``{label: [BandwidthPoint, …]}``. fit: ``{label: (alpha, beta)}`` from ``fit_alpha_beta``.
+    spread: ``{label: [(fastest, slowest) seconds, …]}``, one pair per point: drawn as a bar through the
+    dot, the range of the rounds (on shared CPU cores, what scheduling does to one size).
     """
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(11, 5))
     for i, (label, points) in enumerate(curves.items()):
         color = f"C{i}"
         m = np.array([p.bytes for p in points], dtype=float)
         ax_t.loglog(m, [p.seconds * 1e6 for p in points], "o", color=color, label=f"{label} measured")
+        if spread and label in spread:
+            t = np.array([p.seconds for p in points])
+            lo, hi = (np.array(v) for v in zip(*spread[label]))
+            ax_t.errorbar(m, t * 1e6, yerr=[(t - lo) * 1e6, (hi - t) * 1e6], fmt="none", ecolor=color,
+                          elinewidth=1, capsize=2)
         if fit and label in fit:
             alpha, beta = fit[label]
             grid = np.geomspace(m.min(), m.max(), 100)

@@ -1,5 +1,5 @@
 """The course's DDP (v1, v2, v3, ``parlab.parallel.ddp``) against PyTorch's ``DistributedDataParallel``: step
-time on the same model and ranks, in alternating rounds (chapter 03, section 6; ``benchmarks/ddp_throughput.py``).
+time on the same model and ranks, in alternating rounds (chapter 03, under the hood E; ``benchmarks/ddp_throughput.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and DDP with NVLink turned off (``NCCL_P2P_DISABLE=1``) 131.44 s.
 ``benchmarks/dp_vs_ddp.py`` keeps the protocol and drops the downloads: a GPT-2 built from a transformers config (GPT-2
 small's sizes), generated token ids instead of wikitext, fixed batch size per GPU and number of steps,
 AdamW as the Trainer uses. It runs the three set-ups one after another and prints its table beside the
-published one. Chapter 03, section 7, runs the same functions.
+published one. Chapter 03 (section 7; under the hood, E) runs the same functions.
 
 On CPU there are no GPUs for nn.DataParallel to scatter to (it then runs the module unchanged), so the
 analogue plays DP's data flow with ranks (``parlab.parallel.dp``, rank 0 as GPU 0) on the same cores as

@@ -5,10 +5,13 @@
 - ``ch00``: :func:`check_my_slice`, :func:`check_hang_prediction`.
 - ``ch01``: :func:`check_gated_mlp_bytes` (against a measurement), :func:`check_activation_scaling`,
   :func:`check_max_params`, :func:`check_largest_models`.
-- ``ch02``: :func:`check_recursive_doubling`, :func:`check_crossover_bytes`.
-- ``ch03``: :func:`check_weighted_average`, :func:`check_ddp_buckets` (against PyTorch's DDP).
+- ``ch02``: :func:`check_recursive_doubling`, :func:`check_crossover_bytes`, :func:`check_choice` (a "think"
+  question), :func:`check_send_buffer`, :func:`check_below_crossover`.
+- ``ch03``: :func:`check_weighted_average`, :func:`check_ddp_buckets` (against PyTorch's DDP),
+  :func:`check_early_buckets`.
 - ``ch04``: :func:`check_reduce_to_owners`, :func:`check_peak_gathered`, :func:`check_accumulation_volume`,
   :func:`check_keep_gathered`.
+
 - ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`.
 - ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`, :func:`check_peak_activations`.
 - ``ch07``: :func:`check_group_ranks`, :func:`check_model_states`, :func:`check_layout_choice`.
@@ -21,10 +24,12 @@ cells that nothing executes. A new chapter adds its own module here and one impo
 from parlab.exercises.ch00 import check_hang_prediction, check_my_slice
 from parlab.exercises.ch01 import (check_activation_scaling, check_gated_mlp_bytes, check_largest_models,
                                    check_max_params)
-from parlab.exercises.ch02 import check_crossover_bytes, check_recursive_doubling
-from parlab.exercises.ch03 import check_ddp_buckets, check_weighted_average
+from parlab.exercises.ch02 import (check_below_crossover, check_choice, check_crossover_bytes, check_recursive_doubling,
+                                  check_send_buffer)
+from parlab.exercises.ch03 import check_ddp_buckets, check_early_buckets, check_weighted_average
 from parlab.exercises.ch04 import (check_accumulation_volume, check_keep_gathered, check_peak_gathered,
                                   check_reduce_to_owners)
+
 from parlab.exercises.ch05 import check_row_parallel_forward, check_tp_collectives, reference_tp_collectives
 from parlab.exercises.ch06 import check_one_f_one_b_order, check_peak_activations, check_smallest_micro_batches
 from parlab.exercises.ch07 import check_group_ranks, check_layout_choice, check_model_states
@@ -32,9 +37,7 @@ from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_
 
 __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference",
            "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_max_params",
-           "check_activation_scaling", "check_largest_models",
-           "check_recursive_doubling", "check_crossover_bytes", "check_weighted_average", "check_ddp_buckets",
-           "check_reduce_to_owners", "check_peak_gathered", "check_accumulation_volume", "check_keep_gathered",
+           "check_activation_scaling", "check_largest_models", "check_recursive_doubling", "check_crossover_bytes", "check_weighted_average", "check_ddp_buckets", "check_reduce_to_owners", "check_peak_gathered", "check_accumulation_volume", "check_keep_gathered", "check_choice", "check_send_buffer", "check_below_crossover", "check_early_buckets",
            "check_row_parallel_forward", "check_tp_collectives", "reference_tp_collectives",
            "check_one_f_one_b_order", "check_peak_activations", "check_smallest_micro_batches",
            "check_group_ranks", "check_model_states", "check_layout_choice"]

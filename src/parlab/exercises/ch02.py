@@ -1,9 +1,13 @@
 """Chapter 02's exercises: all-reduce by recursive doubling, built from point-to-point messages, and when
-it beats the ring under the α-β model."""
+it beats the ring under the α-β model; the "think" questions beside them are checked by :func:`check_choice`.
+
+The checks draw fresh inputs on every call, so a number printed by a failed check cannot be copied into a
+passing answer."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 import torch.distributed as dist
@@ -18,8 +22,10 @@ def check_recursive_doubling(fn, world_size: int = 4, numel: int = 12, timeout: 
     if world_size < 2 or world_size & (world_size - 1):
         raise ValueError(f"world_size={world_size}: recursive doubling needs a power of two (2, 4, 8 ranks)")
 
+    offset = float(random.randrange(1, 1000))  # new every call: printed sums cannot be copied
+
     def make_input(rank, n):
-        return torch.arange(numel, dtype=torch.float32) + 100 * rank
+        return torch.arange(numel, dtype=torch.float32) + 100 * rank + offset
 
     results = check_ranks(fn, _all_reduce, world_size, make_input, timeout, _record=True)
     buffer = numel * 4
@@ -52,5 +58,45 @@ def check_crossover_bytes(fn) -> Passed:
     """Chapter 02: ``fn(n, alpha, bandwidth)`` → the message size in bytes at which a ring all-reduce and
     recursive doubling take the same time on ``n`` ranks, when every message costs ``alpha`` seconds plus
     its bytes over ``bandwidth`` bytes/s (below it recursive doubling wins, above it the ring)."""
-    cases = [dict(n=n, alpha=a, bandwidth=b) for n in (4, 8, 64) for a in (5e-6, 2e-5) for b in (1e9, 2.5e10)]
+    draw = random.Random()  # new cases every call: an expected value printed once cannot be reused
+    cases = [dict(n=n, alpha=round(a * draw.uniform(0.5, 2), 9), bandwidth=round(b * draw.uniform(0.5, 2), -6))
+             for n in (4, 8, 64) for a in (5e-6, 2e-5) for b in (1e9, 2.5e10)]
     return check_function(fn, _crossover_bytes, cases)
+
+
+def check_choice(answer, options: dict, right: str, question: str) -> Passed:
+    """A "think" question: ``answer`` must be the key of the right one of ``options`` (key → text). A wrong
+    answer hears why it is wrong (the text of its option says so), not which one is right."""
+    if answer not in options:
+        raise ExerciseFailed(f"{question}: answer with one of {', '.join(map(repr, options))}; got {answer!r}")
+    if answer != right:
+        raise ExerciseFailed(f"{question}: not {answer!r}. {options[answer][1]}")
+    return Passed(f"{question}: {options[answer][0]}")
+
+
+#: Exercise 1's question: why the buffer sent must not be the one added into. key → (option, feedback).
+SEND_BUFFER = {
+    "a": ("isend may still be reading the buffer when you add into it, so the partner could receive "
+          "a partly summed buffer", ""),
+    "b": ("gloo and NCCL cannot send the same tensor twice",
+          "They can: a tensor may be sent any number of times; what matters is when it is read."),
+    "c": ("the partner's sum would count your values twice, because tensors are shared between ranks",
+          "Ranks are separate processes: a send copies bytes, nothing is shared between them."),
+}
+#: Exercise 2's question: which algorithm wins for buffers below the crossover.
+BELOW_CROSSOVER = {
+    "ring": ("the ring", "Below the crossover latency dominates: the ring pays 2(n−1) latencies, "
+             "recursive doubling only log₂ n."),
+    "recursive doubling": ("recursive doubling: log₂ n latencies instead of 2(n−1)",
+                           ""),
+}
+
+
+def check_send_buffer(answer) -> Passed:
+    """Chapter 02, exercise 1: why must the buffer you send not be the one you add into?"""
+    return check_choice(answer, SEND_BUFFER, "a", "Why send a copy")
+
+
+def check_below_crossover(answer) -> Passed:
+    """Chapter 02, exercise 2: which algorithm wins for buffers smaller than the crossover?"""
+    return check_choice(answer, BELOW_CROSSOVER, "recursive doubling", "Below the crossover")

@@ -1,7 +1,9 @@
-"""Chapter 03's exercises: averaging gradients over shards of unequal size, and predicting the buckets
-PyTorch's DDP rebuilds."""
+"""Chapter 03's exercises: averaging gradients over shards of unequal size, predicting the buckets
+PyTorch's DDP rebuilds, and how many of v3's buckets set off before backward has produced its last gradient."""
 
 from __future__ import annotations
+
+import random
 
 import torch
 import torch.distributed as dist
@@ -117,4 +119,75 @@ def check_ddp_buckets(fn) -> Passed:
         if list(got) != real:
             raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {list(got)}; DDP built "
                                  f"{real} from gradients of {ready} bytes, in that order")
-    return Passed(f"{_name(fn)} predicts DDP's rebuilt buckets at the default cap and at 0.5 MiB")
+    # then gradients drawn afresh (DDP's rule, as DDP applied it above): a layout copied from a message fails
+    draw = random.Random()
+    for cap in (None, 0.25, 1):
+        ready = [4 * draw.choice((64, 256, 4096, 65536, 262144)) for _ in range(draw.randrange(8, 24))]
+        want = _reference_buckets(ready, cap)
+        got = fn(list(ready), cap) if cap is not None else fn(list(ready))
+        if list(got) != want:
+            raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {list(got)}; DDP's rule gives "
+                                 f"{want} for gradients of {ready} bytes, in that order")
+    return Passed(f"{_name(fn)} predicts DDP's rebuilt buckets at the default cap and at 0.5 MiB, and on "
+                  f"fresh gradient sizes")
+
+
+def _reference_buckets(ready_bytes, bucket_cap_mb=None):
+    # DDP's rebuild (torch/nn/parallel/distributed.py, _compute_bucket_assignment_by_size): close a bucket
+    # once it holds the limit; the first limit is 1 MiB only when the cap is the default 25 MiB
+    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20
+    limit = 2**20 if bucket_cap_mb is None else cap
+    buckets, size = [], 0
+    for nbytes in ready_bytes:
+        size += nbytes
+        if size >= limit:
+            buckets.append(size)
+            size, limit = 0, cap
+    return buckets + ([size] if size else [])
+
+
+#: Exercise 3's bucket sizes: far below every weight matrix, and above the whole tiny model.
+TRY_BUCKETS = (1024, 16 * 2**20)
+
+
+def _early_launches(sizes, bucket_bytes, seq_len):
+    from parlab.models import tiny_gpt2, token_batch
+    from parlab.parallel import DDPOverlap
+
+    model = DDPOverlap(tiny_gpt2(**sizes, seed=0), bucket_bytes)
+    early = []  # per launch: did backward still owe gradients when it started?
+    launch = model._launch
+
+    def counted(bucket):
+        early.append(len(model._ready) < len(model._params))
+        launch(bucket)
+
+    model._launch = counted
+    x = token_batch(2, seq_len, sizes["vocab_size"], seed=parlab.rank())
+    model(input_ids=x, labels=x).loss.backward()
+    model.sync_gradients()
+    return len(model.buckets), sum(early)
+
+
+def check_early_buckets(answers, sizes: dict, seq_len: int = 8) -> Passed:
+    """Chapter 03, exercise 3: ``answers`` maps each bucket size in :data:`TRY_BUCKETS` to ``(buckets,
+    early)``: how many buckets v3 (``DDPOverlap``) builds for ``tiny_gpt2(**sizes)``, and how many of their
+    all-reduces start before the last gradient of backward is ready. Measured on two ranks."""
+    if not isinstance(answers, dict) or set(answers) != set(TRY_BUCKETS):
+        raise ExerciseFailed(f"answers must be a dict with the keys {list(TRY_BUCKETS)} (bucket_bytes), each "
+                             f"holding (buckets, early); got {answers!r:.120}")
+    for bucket_bytes in TRY_BUCKETS:
+        real = tuple(parlab.launch(_early_launches, world_size=2, args=(sizes, bucket_bytes, seq_len),
+                                   announce=False, output="none")[0])
+        got = answers[bucket_bytes]
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise ExerciseFailed(f"answers[{bucket_bytes}] must be (buckets, early); got {got!r}")
+        if tuple(got)[0] != real[0]:
+            raise ExerciseFailed(f"bucket_bytes={bucket_bytes}: you said {got[0]} buckets; v3 builds a different "
+                                 f"number (rerun section 5 with this bucket_bytes and read len(v3[0]['buckets']))")
+        if tuple(got)[1] != real[1]:
+            raise ExerciseFailed(f"bucket_bytes={bucket_bytes}: {got[1]} of {real[0]} buckets starting early is not "
+                                 f"what v3 does: a bucket starts once its own gradients and every earlier "
+                                 f"bucket's are in; which bucket holds the last gradient backward produces?")
+    return Passed(f"right for bucket_bytes {' and '.join(map(str, TRY_BUCKETS))}: with one bucket nothing can "
+                  f"go before backward's last gradient, so nothing overlaps")

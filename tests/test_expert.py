@@ -132,3 +132,53 @@ def test_a_planted_bug_is_caught_by_a_wide_margin():
     error = (torch.cat([results[r][0]["y"] for r in range(n)]) - y).abs().max().item()
     assert error > 1e3 * 1e-7, f"max error {error:.3g} hides within assert_close's float64 tolerance"
     print(f"planted bug (slots in the wrong order): max error {error:.3g}, {error / 1e-7:.0f}× the 1e-7 tolerance")
+
+
+def _dp_ep(steps, divide_by_edp=False):
+    from parlab.parallel.topology import Topology
+
+    topo = Topology.build(ep=2)  # dp = world size; experts over pairs of ranks, replicated over edp
+    layer = epx.ExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, 1.0, dtype=torch.float64), topo.group("ep"))
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    r, n = dist.get_rank(), dist.get_world_size()
+    for step in range(steps):
+        x, weigh = (t.chunk(n)[r] for t in data(n, seed=10 + step))
+        y, aux, _ = layer(x)
+        ((y * weigh).mean() + ALPHA * aux).backward()
+        epx.sync_gradients(layer, topo)
+        if divide_by_edp:  # the planted bug: experts averaged over their edp replicas only
+            for p in (layer.w_in, layer.w_out):
+                p.grad *= topo.dp // (topo.dp // topo.ep)
+        opt.step()
+        opt.zero_grad()
+    return {name: p.detach() for name, p in layer.named_parameters()}, epx.placement(EXPERTS, topo.ep)[topo.coord("ep")]
+
+
+def dense_steps(n, steps):
+    moe = epx.MoE(HIDDEN, FFN, EXPERTS, 2, 1.0, dtype=torch.float64)
+    opt = torch.optim.SGD(moe.parameters(), lr=0.5)
+    for step in range(steps):
+        x, weigh = data(n, seed=10 + step)
+        y, aux, _ = moe(x, groups=n)
+        ((y * weigh).mean() + ALPHA * aux).backward()  # the mean over every token, aux over groups
+        opt.step()
+        opt.zero_grad()
+    return {name: p.detach() for name, p in moe.named_parameters()}
+
+
+@pytest.mark.parametrize("bug", [False, True], ids=["dp4xep2", "planted-divide-by-edp"])
+def test_dp_times_ep_trains_like_one_process(bug):
+    n, steps = 4, 2
+    expected = dense_steps(n, steps)
+    errors = []
+    for params, mine in parlab.launch(_dp_ep, world_size=n, args=(steps, bug), announce=False, output="none"):
+        got = {"router": params["router"], "w_in": params["w_in"], "w_out": params["w_out"]}
+        want = {"router": expected["router"], "w_in": expected["w_in"][mine.start:mine.stop],
+                "w_out": expected["w_out"][mine.start:mine.stop]}
+        errors += [(got[k] - want[k]).abs().max().item() for k in got]
+        if not bug:
+            for k in got:
+                assert_close(got[k], want[k])
+    if bug:
+        assert max(errors) > 1e3 * 1e-7
+        print(f"planted bug (experts divided by edp, not dp): max parameter error {max(errors):.3g}")

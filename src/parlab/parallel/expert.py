@@ -225,3 +225,20 @@ def busiest_over_mean(tokens_per_rank) -> float:
     """The cost of imbalance: every rank waits for the one whose experts received the most tokens."""
     t = [float(x) for x in tokens_per_rank]
     return max(t) / (sum(t) / len(t))
+
+
+def sync_gradients(layer: ExpertParallelMoE, topology, dense_group=None) -> None:
+    """Data parallelism around expert parallelism (``Topology(ep=...)``, chapter 09), each rank's loss the
+    mean over its own tokens: the router's gradient is averaged over every data-parallel rank
+    (``dense_group``, default ``topology.group("dp")``), the experts' summed over ``edp`` (the ranks holding
+    the same experts) and divided by the *same* count, dp × cp, not by edp: each rank's expert gradient
+    already sums the ep ranks whose tokens it served (torchtitan's ``fsdp_gradient_divide_factor``)."""
+    dense_group = dense_group if dense_group is not None else topology.group("dp")
+    ranks = topology.dp * topology.cp
+    communicate("all_reduce", layer.router.grad, dense_group, on_collective=layer.on_collective, label="router grad")
+    layer.router.grad /= ranks
+    for p in (layer.w_in, layer.w_out):
+        if topology.dp * topology.cp // topology.ep > 1:
+            communicate("all_reduce", p.grad, topology.group("edp"), on_collective=layer.on_collective,
+                        label="expert grad")
+        p.grad /= ranks

@@ -78,7 +78,7 @@ class Layout:
 
     def shard(self, x: torch.Tensor, rank: int, dim: int = -2) -> torch.Tensor:
         """Rank ``rank``'s tokens of a whole sequence ``x`` (positions along ``dim``)."""
-        return x.index_select(dim, self.positions(rank))
+        return x.index_select(dim, self.positions(rank).to(x.device))
 
     def unshard(self, parts, dim: int = -2) -> torch.Tensor:
         """The whole sequence again, from every rank's part in rank order."""
@@ -308,3 +308,31 @@ def overlap_chunk(*, heads: int, kv_heads: int, head_dim: int, value_bytes: int 
     4·h·n²·d·c / F = 2·g·n·d·e / B  ⇒  n = g·e·F / (2·h·c·B), c = ½ when causal."""
     c = 0.5 if causal else 1.0
     return kv_heads * value_bytes * flops / (2 * heads * c * bandwidth)
+
+
+def compare_with_pytorch(seq_len: int = 64, batch: int = 2, heads: int = 4, head_dim: int = 16, seed: int = 0) -> dict:
+    """On every rank of a GPU process group (NCCL): PyTorch's own context parallelism
+    (``torch.distributed.tensor.experimental.context_parallel``, which refuses CPU attention) beside
+    :func:`ring_attention`, both against full causal attention. Returns whether PyTorch's shard of the
+    sequence is this :class:`Layout`'s, and each one's largest difference from full attention (bf16 inputs)."""
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    from parlab import runtime
+
+    device, r, n = runtime.device(), dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, generator=g).to(device, torch.bfloat16) for _ in range(3))
+    where = torch.arange(seq_len, dtype=torch.float32, device=device).view(1, 1, seq_len, 1)  # which token is where
+    full = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    mesh = init_device_mesh(device.type, (n,), mesh_dim_names=("cp",))
+    buffers = [q.clone(), k.clone(), v.clone(), where.clone()]
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2, 2]):  # shards them in place
+        theirs = F.scaled_dot_product_attention(*buffers[:3], is_causal=True).float()
+        positions = buffers[3][0, 0, :, 0].long().cpu()
+    layout = Layout(seq_len, n)
+    mine = ring_attention(*(layout.shard(t.float(), r) for t in (q, k, v)), layout, mesh.get_group())
+    return {"same_layout": torch.equal(positions, layout.positions(r)),
+            "pytorch_vs_full": (theirs - full[:, :, positions.to(device)]).abs().max().item(),
+            "ring_vs_full": (mine - layout.shard(full, r)).abs().max().item()}

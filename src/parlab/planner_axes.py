@@ -79,7 +79,7 @@ def _psi(model, num_params) -> int:
     return int(num_params) if num_params is not None else count_params(model)
 
 
-def cp_bytes(*, seq_len: int, cp: int, batch: int, kv_heads: int, head_dim: int, layers: int,
+def cp_bytes(*, seq_len: int, cp: int, batch: int, kv_heads: int, head_dim: int, layers: float,
              value_bytes: int = 2) -> dict:
     """Bytes one rank sends per micro-batch for ring attention over its ``layers`` (K/V heads already
     divided by tp): forward (cp − 1) blocks of 2·b·g·(s/cp)·d values per layer, backward K/V again and
@@ -118,6 +118,6 @@ def llama3_128k(sequence_parallel: bool = True, zero_stage: int = 1, checkpointi
                    alpha=link.alpha, bandwidth=link.bandwidth)
     return {"world_size": world, "memory": with_cp, "memory_without_cp": without, "gpu": H100, "link": link,
             "bytes": cp_bytes(seq_len=lay["seq_len"], cp=lay["cp"], batch=1, kv_heads=kv, head_dim=head_dim,
-                              layers=config.num_hidden_layers // lay["pp"]),
+                              layers=config.num_hidden_layers / lay["pp"]),
             "step": step, "overlap_chunk": overlap_chunk(heads=heads, kv_heads=kv, head_dim=head_dim, flops=flops,
                                                          bandwidth=link.bandwidth)}

@@ -247,7 +247,8 @@ def ring_attention(q, k, v, layout: Layout, group=None, *, causal: bool = True,
     this rank's rows of softmax(q·kᵀ/√d)·v over all seq_len keys (causal: those at or before each query).
     group: the cp group (``Topology.group("cp")``; default every rank). combine_fn: the online-softmax rule
     (:func:`combine`; chapter 09's exercise passes its own). work: a list to which each step appends the
-    (query, key) pairs it computed (hidden pairs not counted)."""
+    visible (query, key) pairs of its block: the work of a kernel that skips masked tiles (this one skips
+    only blocks the mask hides entirely, and masks the rest)."""
     n = dist.get_world_size(group)
     if layout.cp != n:
         raise ValueError(f"layout.cp={layout.cp} but the cp group has {n} ranks")

@@ -72,6 +72,15 @@ def check_online_softmax_combine(fn, world_size: int = 2) -> Passed:
     attention (PyTorch's ``scaled_dot_product_attention``) over a 24-token sequence."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
+    from parlab.parallel import context as cpx
+
+    with without(cpx, ["combine"], "combine called the package's own combine: write the rule yourself"):
+        try:
+            problem = _diagnose_two_blocks(fn)  # in this process first: a wrong rule fails without launching
+        except ExerciseFailed as refused:
+            problem = str(refused)
+    if problem:
+        raise ExerciseFailed(f"{getattr(fn, '__name__', fn)}: {problem}")
     results = parlab.launch(_ring_with, world_size=world_size, args=(fn,), output="none", announce=False)
     for rank, res in enumerate(results):
         if res["problem"]:

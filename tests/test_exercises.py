@@ -650,3 +650,47 @@ def _gpt_block(sizes):
 
     return list(tiny_gpt2(**sizes).transformer.h[-1].parameters())
 
+
+# ---- chapter 09 -------------------------------------------------------------------------------------
+
+def _chapter_09_solutions() -> dict:
+    """The solution cells chapter 09 shows (collapsed; the chapter's checks never read them), executed."""
+    from pathlib import Path
+
+    import nbformat
+
+    from parlab.parallel import expert
+
+    notebook = nbformat.read(Path(__file__).parents[1] / "notebooks" / "09_context_and_expert_parallelism.ipynb", 4)
+    namespace = {"__name__": "chapter_09_solutions", "torch": torch, "epx": expert}  # what the chapter imported
+    for cell in notebook.cells:
+        if "solution" in cell.metadata.get("tags", []):
+            assert cell.metadata.get("jupyter", {}).get("source_hidden"), "a solution cell is collapsed"
+            exec(cell.source, namespace)
+    return namespace
+
+
+def test_chapter_09_solutions_pass_and_wrong_answers_fail():
+    from parlab.exercises import check_online_softmax_combine, check_received
+    from parlab.parallel import context, expert
+
+    solutions = _chapter_09_solutions()
+    assert "✅" in repr(check_online_softmax_combine(solutions["solution_combine"], world_size=3))
+    assert "✅" in repr(check_received(solutions["solution_received"], world_size=3))
+
+    def plain_sum(m1, l1, acc1, m2, l2, acc2):  # no rescaling to the larger maximum
+        return torch.maximum(m1, m2), l1 + l2, acc1 + acc2
+
+    with pytest.raises(ExerciseFailed, match="plain sum"):
+        check_online_softmax_combine(plain_sum)
+    with pytest.raises(ExerciseFailed, match="package's own combine"):
+        check_online_softmax_combine(lambda *state: context.combine(*state))
+
+    def no_capacity(expert_index, num_experts, ep, capacity):  # counts the dropped assignments too
+        counts = torch.bincount(expert_index.flatten(), minlength=num_experts)
+        return [int(counts[p.start:p.stop].sum()) for p in expert.placement(num_experts, ep)]
+
+    with pytest.raises(ExerciseFailed, match="counts dropped tokens too"):
+        check_received(no_capacity)
+    with pytest.raises(ExerciseFailed, match="package's routing"):
+        check_received(lambda e, n, ep, c: expert.route(torch.zeros(len(e), n), 2, c))

@@ -130,3 +130,14 @@ def test_nccl_p2p_disable_takes_effect(disable, tmp_path, monkeypatch):
     assert transports, "NCCL wrote no channel lines: was NCCL_DEBUG_FILE honoured?"
     if disable == "1":
         assert "P2P" not in transports
+
+
+@needs_two
+def test_ring_attention_matches_pytorch_context_parallel():
+    """Chapter 09's GPU reference: PyTorch's context_parallel (it refuses CPU attention) shards the sequence
+    as parlab.parallel.context.Layout does (head and tail chunks), and both match full attention."""
+    from parlab.parallel import context as cpx
+
+    for res in parlab.launch(cpx.compare_with_pytorch, 2, backend="nccl"):
+        assert res["same_layout"]
+        assert res["pytorch_vs_full"] < 3e-2 and res["ring_vs_full"] < 3e-2  # bf16 inputs, fp32 ring

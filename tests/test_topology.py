@@ -31,8 +31,8 @@ def test_infer_checks_sizes_once_with_one_message():
         Topology.infer(4, dp=3, tp=2)
     with pytest.raises(ValueError, match=r"tp must be a positive int .*got 0"):
         Topology(tp=0)
-    with pytest.raises(ValueError, match="axis='ep' is not an axis"):
-        Topology(dp=2).groups("ep")
+    with pytest.raises(ValueError, match="axis='sp' is not an axis"):
+        Topology(dp=2).groups("sp")
     with pytest.raises(ValueError, match=r"rank=4 must be an int in 0..3"):
         Topology(dp=4).coords(4)
     with pytest.raises(RuntimeError, match="no DeviceMesh"):
@@ -63,3 +63,28 @@ def _wrong_world():
 def test_build_names_the_mismatch():
     with pytest.raises(parlab.RankError, match="world_size=4 is not a multiple of tp × pp × cp = 3"):
         parlab.launch(_wrong_world, 4, announce=False, output="none")
+
+
+def test_expert_axes_are_carved_out_of_dp_and_cp():
+    t = Topology(dp=4, cp=2, tp=2, ep=4)  # 16 ranks; experts over 4 of the 8 dp × cp ranks
+    assert t.world_size == 16 and "ep" not in t.sizes
+    assert t.group_ranks("ep", 0) == [0, 2, 4, 6]  # dp 0–1 × cp 0–1 at tp 0
+    assert t.group_ranks("edp", 0) == [0, 8] and t.group_ranks("ep", 9) == [9, 11, 13, 15]
+    for axis in ("ep", "edp"):  # every rank in exactly one group
+        assert sorted(r for g in t.groups(axis) for r in g) == list(range(16))
+    with pytest.raises(ValueError, match=r"ep=3 must divide dp × cp = 4 × 1"):
+        Topology(dp=4, ep=3)
+    with pytest.raises(ValueError, match=r"ep=2 must divide dp × cp = 2 × 4 and be a multiple of cp=4"):
+        Topology(dp=2, cp=4, ep=2)
+    assert "ep group [0, 1]" in Topology(dp=4, ep=2).describe()
+
+
+def _expert_groups():
+    t = Topology.build(ep=2)
+    return [dist.get_process_group_ranks(t.group(a)) for a in ("ep", "edp")], t.coord("ep")
+
+
+def test_built_expert_groups_agree_with_the_arithmetic():
+    pure = Topology(dp=4, ep=2)
+    for r, (groups, coord) in enumerate(parlab.launch(_expert_groups, 4, announce=False)):
+        assert groups == [pure.group_ranks("ep", r), pure.group_ranks("edp", r)] and coord == r % 2

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from parlab.measure.comm import CommRecord, describe_group
 
-OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "scatter", "gather", "reduce")
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "scatter", "gather", "reduce",
+       "all_to_all")
 # PyTorch 2.13 renamed the tensor forms (the old names warn); older releases have only the old ones.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -41,7 +42,7 @@ def check_callback(on_collective) -> None:
 
 def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tensor | None = None,
                 src: int | None = None, peer: int | None = None, dst: int | None = None,
-                chunks: list | None = None, async_op: bool = False,
+                chunks: list | None = None, splits: tuple | None = None, async_op: bool = False,
                 on_collective: OnCollective | None = None, label=None, reduce_op=dist.ReduceOp.SUM):
     """Run one op on ``group`` (``None``: the default group) and report it to ``on_collective``.
 
@@ -55,10 +56,14 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     - ``gather``: ``chunks`` (given on rank ``dst`` only) ← every rank's ``tensor``, in group order.
     - ``reduce``: the sum of every rank's ``tensor`` lands in ``tensor`` on rank ``dst`` (other ranks'
       buffers are left unspecified, as ``dist.reduce`` says).
+    - ``all_to_all``: ``output`` ← the chunk every rank addressed to this one, in group order; ``tensor``'s
+      dim 0 is cut into one chunk per rank, evenly or by ``splits=(input_splits, output_splits)`` (rows
+      sent to, and received from, each rank), as ``dist.all_to_all_single`` does (chapter 09's experts).
 
     Bytes recorded follow nccl-tests' "size" on every rank: the whole buffer (all-reduce, broadcast,
     reduce, send/recv), the gathered output (all-gather, gather: group size × ``tensor``) or the input
-    before it is split (reduce-scatter, scatter: group size × ``tensor``).
+    before it is split (reduce-scatter, scatter: group size × ``tensor``; all-to-all: ``tensor``, which
+    holds this rank's own chunk too).
 
     ``reduce_op`` (all-reduce, reduce-scatter): ``dist.ReduceOp.SUM`` by default; ``AVG`` divides the sum by
     the group's size (ZeRO averages gradients so, as FSDP2 does).
@@ -87,6 +92,10 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
         work = _all_gather(_need(output, "output", op), tensor, group=group, async_op=async_op)
     elif op == "reduce_scatter":
         work = _reduce_scatter(_need(output, "output", op), tensor, op=reduce_op, group=group, async_op=async_op)
+    elif op == "all_to_all":
+        ins, outs = splits if splits is not None else (None, None)
+        work = dist.all_to_all_single(_need(output, "output", op), tensor, outs, ins, group=group,
+                                      async_op=async_op)
     elif op in ("send", "recv"):
         other = dist.get_global_rank(group, _need(peer, "peer", op))
         p2p = dist.isend if op == "send" else dist.irecv

@@ -4,9 +4,16 @@
 
 - ``pp``  pipeline stages (chapter 06): outermost, so a stage's ranks are a contiguous block of ranks;
 - ``dp``  data-parallel replicas or ZeRO shards (chapters 03–04);
-- ``cp``  context parallelism (room for later; size 1 today);
+- ``cp``  context parallelism (chapter 09): each rank of a group holds a part of every sequence;
 - ``tp``  tensor parallelism (chapter 05): innermost, so a tensor-parallel group is made of neighbouring
           ranks, which on a cluster are the GPUs of one node, joined by the fastest links.
+
+Expert parallelism (chapter 09) adds no ranks: as in torchtitan's ``ParallelDims`` (experts "borrow all cp
+and some dp_shard degree"), the ``ep`` ranks that share their experts are carved out of the ``dp × cp``
+ranks of one pipeline stage and tensor-parallel position (``ep`` must divide ``dp·cp`` and be a multiple of
+``cp``). Two derived axes follow: ``ep``, consecutive blocks of ``ep`` ranks along dp × cp (each holds
+1/ep of the experts), and ``edp``, the ranks that hold the *same* experts (their gradients are averaged
+there, as the dense weights' are over dp × cp). They are groups, not dims of the DeviceMesh.
 
 A rank's *coordinate* on an axis is its index along it; the ranks that differ only in that coordinate
 form the axis's *group*, the ranks that talk for that kind of parallelism. With ``pp=2, dp=2, tp=2`` rank 5
@@ -26,7 +33,8 @@ from dataclasses import dataclass, field, replace
 
 from parlab.checks import positive_int
 
-AXES = ("pp", "dp", "cp", "tp")  # outermost to innermost
+AXES = ("pp", "dp", "cp", "tp")  # outermost to innermost: the DeviceMesh's dims
+EXPERT_AXES = ("ep", "edp")  # derived from dp × cp (chapter 09): groups, no ranks of their own
 
 
 @dataclass(frozen=True)
@@ -37,15 +45,22 @@ class Topology:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
     mesh: object = field(default=None, compare=False, repr=False)  # torch DeviceMesh, after build()
+    expert_groups: object = field(default=None, compare=False, repr=False)  # {"ep", "edp"}: groups, after build()
 
     def __post_init__(self):
         for axis in AXES:
             positive_int(axis, getattr(self, axis), f"ranks along the {axis} axis")
+        positive_int("ep", self.ep, "ranks that share the experts among them")
+        if (self.dp * self.cp) % self.ep or self.ep % self.cp:
+            raise ValueError(f"ep={self.ep} must divide dp × cp = {self.dp} × {self.cp} and be a multiple of "
+                             f"cp={self.cp}: expert parallelism borrows the ranks of dp × cp (torchtitan's rule)")
 
     # -- sizes and coordinates: arithmetic only, no process group needed ----------------------------
     @classmethod
-    def infer(cls, world_size: int, *, dp: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1) -> Topology:
+    def infer(cls, world_size: int, *, dp: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
+              ep: int = 1) -> Topology:
         """The topology of ``world_size`` ranks; ``dp`` defaults to what the other axes leave.
 
         This is the one place that checks ``pp × dp × cp × tp == world_size``.
@@ -64,7 +79,7 @@ class Topology:
         if dp * model_parallel != world_size:
             raise ValueError(f"pp × dp × cp × tp = {pp} × {dp} × {cp} × {tp} = {dp * model_parallel} ranks, but "
                              f"world_size={world_size}: the axes' sizes must multiply to the number of ranks")
-        return cls(dp=dp, tp=tp, pp=pp, cp=cp)
+        return cls(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
 
     @property
     def world_size(self) -> int:
@@ -97,9 +112,17 @@ class Topology:
         return rank
 
     def group_ranks(self, axis: str, rank: int) -> list[int]:
-        """The ranks in ``rank``'s group along ``axis``: those that differ from it only there."""
+        """The ranks in ``rank``'s group along ``axis``: those that differ from it only there (for ``ep`` and
+        ``edp``: its block of ep ranks along dp × cp, and the ranks at its place in the other blocks)."""
         self._check_axis(axis)
         c = self.coords(rank)
+        if axis in EXPERT_AXES:
+            flat = c["dp"] * self.cp + c["cp"]  # rank's index along dp × cp
+            if axis == "ep":
+                along = range(flat - flat % self.ep, flat - flat % self.ep + self.ep)
+            else:
+                along = range(flat % self.ep, self.dp * self.cp, self.ep)
+            return [self.rank_at(**dict(c, dp=f // self.cp, cp=f % self.cp)) for f in along]
         return [self.rank_at(**dict(c, **{axis: i})) for i in range(getattr(self, axis))]
 
     def groups(self, axis: str) -> list[list[int]]:
@@ -117,15 +140,16 @@ class Topology:
         """One line per rank: its coordinates. For reading a mesh, or printing it in a notebook."""
         used = [a for a in AXES if getattr(self, a) > 1] or ["dp"]
         head = " × ".join(f"{a}={getattr(self, a)}" for a in used)
-        lines = [f"{self.world_size} ranks: {head}"]
+        lines = [f"{self.world_size} ranks: {head}" + (f", experts over ep={self.ep}" if self.ep > 1 else "")]
         for r in range(self.world_size):
             c = self.coords(r)
-            lines.append(f"  rank {r}: " + ", ".join(f"{a}={c[a]}" for a in used))
+            lines.append(f"  rank {r}: " + ", ".join(f"{a}={c[a]}" for a in used)
+                         + (f", ep group {self.group_ranks('ep', r)}" if self.ep > 1 else ""))
         return "\n".join(lines)
 
     # -- on a rank: the DeviceMesh and what strategies need from it ---------------------------------
     @classmethod
-    def build(cls, *, dp: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
+    def build(cls, *, dp: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
               device_type: str | None = None) -> Topology:
         """On every rank of an initialised process group: check the sizes, build the named DeviceMesh."""
         import torch.distributed as dist
@@ -136,17 +160,20 @@ class Topology:
         if not dist.is_initialized():
             raise RuntimeError("Topology.build() needs an initialised process group: call it on a rank "
                                "(inside parlab.launch, or under torchrun)")
-        topo = cls.infer(dist.get_world_size(), dp=dp, tp=tp, pp=pp, cp=cp)
+        topo = cls.infer(dist.get_world_size(), dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
         # Every axis is in the mesh, size 1 included, so that code can always ask for an axis's group.
         mesh = init_device_mesh(device_type or runtime.device().type, tuple(topo.sizes.values()),
                                 mesh_dim_names=AXES)
-        return replace(topo, mesh=mesh)
+        experts = None
+        if ep > 1:  # every rank creates every group, in the same order (torch.distributed's rule)
+            experts = {axis: dist.new_subgroups_by_enumeration(topo.groups(axis))[0] for axis in EXPERT_AXES}
+        return replace(topo, mesh=mesh, expert_groups=experts)
 
     def built(self, device_type: str | None = None) -> Topology:
         """This topology with its DeviceMesh, on every rank: itself if built already, else built now."""
         if self.mesh is not None:
             return self
-        return Topology.build(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, device_type=device_type)
+        return Topology.build(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, device_type=device_type)
 
     @property
     def rank(self) -> int:
@@ -155,15 +182,27 @@ class Topology:
     def coord(self, axis: str) -> int:
         """This rank's coordinate on ``axis`` (its rank within that axis's group)."""
         self._check_axis(axis)
+        if axis in EXPERT_AXES:
+            import torch.distributed as dist
+
+            return dist.get_rank(self.group(axis))
         return self._mesh().get_local_rank(axis)
 
     def group(self, axis: str):
         """The process group of this rank along ``axis``: what a strategy for that axis is given."""
         self._check_axis(axis)
+        if axis in EXPERT_AXES:
+            self._mesh()
+            if self.expert_groups is None:
+                raise ValueError(f"ep=1: there is no {axis!r} group (every rank holds every expert); build "
+                                 f"the topology with ep > 1")
+            return self.expert_groups[axis]
         return self._mesh().get_group(axis)
 
     def submesh(self, axis: str):
         """The 1-D DeviceMesh along ``axis`` (what FSDP2 and DTensor take)."""
+        if axis in EXPERT_AXES:
+            raise ValueError(f"{axis!r} is a group carved out of dp × cp, not a dim of the DeviceMesh: use group()")
         self._check_axis(axis)
         return self._mesh()[axis]
 
@@ -186,8 +225,8 @@ class Topology:
         return self.mesh
 
     def _check_axis(self, axis) -> None:
-        if axis not in AXES:
-            raise ValueError(f"axis={axis!r} is not an axis; the axes are {', '.join(AXES)}")
+        if axis not in AXES + EXPERT_AXES:
+            raise ValueError(f"axis={axis!r} is not an axis; the axes are {', '.join(AXES + EXPERT_AXES)}")
 
     def _check_rank(self, rank) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:

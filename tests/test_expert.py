@@ -1,0 +1,184 @@
+"""Expert parallelism (``parlab.parallel.expert``, chapter 09) against the dense mixture of experts in one
+process: outputs, the load-balancing loss, dropped tokens and every gradient, at ep 2, 3 and 4 (6 experts:
+uneven placement at 4), top-1 and top-2, with and without dropping; all-to-all bytes against the formula;
+a planted bug (slots handed to the experts in the wrong order) caught by a wide margin.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.testing import assert_close
+
+import parlab
+from parlab.measure import CommLog
+from parlab.parallel import expert as epx
+
+HIDDEN, FFN, EXPERTS, TOKENS, ALPHA = 8, 16, 6, 24, 0.01  # TOKENS per rank (one group each)
+CASES = [(1, 1.0), (2, 1.0), (2, 4.0)]  # (top_k, capacity_factor): drops at 1.0, none at 4.0
+
+
+def data(ep, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(ep * TOKENS, HIDDEN, generator=g, dtype=torch.float64)
+    return x, torch.randn(ep * TOKENS, HIDDEN, generator=g, dtype=torch.float64)
+
+
+def dense(ep, top_k, cf):
+    moe = epx.MoE(HIDDEN, FFN, EXPERTS, top_k, cf, dtype=torch.float64)
+    x, weigh = data(ep)
+    x.requires_grad_()
+    y, aux, routings = moe(x, groups=ep)
+    ((y * weigh).sum() + ALPHA * ep * aux).backward()  # = the sum of the ranks' losses below
+    return y.detach(), aux.item(), routings, {n: p.grad for n, p in moe.named_parameters()}, x.grad
+
+
+def _on_ranks(cases, layer=epx.ExpertParallelMoE):
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    for top_k, cf in cases:
+        log = CommLog()
+        moe = layer(epx.MoE(HIDDEN, FFN, EXPERTS, top_k, cf, dtype=torch.float64), on_collective=log)
+        x, weigh = (t.chunk(n)[r] for t in data(n))
+        x = x.clone().requires_grad_()
+        y, aux, routing = moe(x)
+        ((y * weigh).sum() + ALPHA * aux).backward()
+        dist.all_reduce(moe.router.grad)  # the replicated router: its gradient summed over the ep group
+        out.append({"y": y.detach(), "aux": aux.item(), "dropped": routing.dropped, "x_grad": x.grad,
+                    "per_expert": routing.tokens_per_expert(EXPERTS), "capacity": routing.capacity,
+                    "grads": {name: p.grad for name, p in moe.named_parameters()},
+                    "records": [(rec.op, rec.bytes, rec.label) for rec in log.records]})
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"ep{n}")
+def run(request):
+    return request.param, parlab.launch(_on_ranks, world_size=request.param, args=(CASES,), announce=False,
+                                        output="none")
+
+
+def test_outputs_losses_drops_and_gradients_match_the_dense_layer(run):
+    n, results = run
+    place = epx.placement(EXPERTS, n)
+    drops = 0
+    for i, (top_k, cf) in enumerate(CASES):
+        y, aux, routings, grads, x_grad = dense(n, top_k, cf)
+        assert_close(torch.cat([results[r][i]["y"] for r in range(n)]), y)
+        assert_close(torch.cat([results[r][i]["x_grad"] for r in range(n)]), x_grad)
+        assert_close(sum(results[r][i]["aux"] for r in range(n)) / n, aux)
+        assert [results[r][i]["dropped"] for r in range(n)] == [g.dropped for g in routings]
+        drops += sum(g.dropped for g in routings)
+        if cf * top_k >= EXPERTS:  # capacity ≥ the group's tokens: no expert can overflow
+            assert sum(g.dropped for g in routings) == 0
+        for r in range(n):
+            assert torch.equal(results[r][i]["per_expert"], routings[r].tokens_per_expert(EXPERTS))
+            mine = place[r]
+            assert_close(results[r][i]["grads"]["router"], grads["router"])
+            assert_close(results[r][i]["grads"]["w_in"], grads["w_in"][mine.start:mine.stop])
+            assert_close(results[r][i]["grads"]["w_out"], grads["w_out"][mine.start:mine.stop])
+    assert drops > 0  # capacity factor 1.0 drops some tokens: the parity above includes them
+
+
+def test_two_all_to_alls_each_way_of_the_whole_buffer(run):
+    n, results = run
+    for i, (top_k, cf) in enumerate(CASES):
+        c = epx.capacity(TOKENS, EXPERTS, top_k, cf)
+        for r in range(n):
+            assert results[r][i]["capacity"] == c
+            records = results[r][i]["records"]
+            assert [(op, label) for op, _, label in records] == [
+                ("all_to_all", "dispatch forward"), ("all_to_all", "combine forward"),
+                ("all_to_all", "combine backward"), ("all_to_all", "dispatch backward")]
+            expected = epx.all_to_all_bytes(epx.placement(EXPERTS, n), r, c, HIDDEN, 8)
+            assert [b for _, b, _ in records] == [expected["dispatch"], expected["combine"]] * 2
+            if EXPERTS % n == 0:
+                assert expected["dispatch"] == expected["combine"] == EXPERTS * c * HIDDEN * 8
+
+
+def test_placement_and_imbalance():
+    assert epx.placement(6, 4) == [range(0, 2), range(2, 4), range(4, 5), range(5, 6)]
+    assert epx.placement(6, 3) == [range(0, 2), range(2, 4), range(4, 6)]
+    with pytest.raises(ValueError, match="ep=7 ranks for 6 experts"):
+        epx.placement(6, 7)
+    assert epx.busiest_over_mean([10, 10, 10]) == 1.0 and epx.busiest_over_mean([30, 10, 20]) == 1.5
+    assert epx.capacity(24, 6, 2, 1.25) == 10  # ceil(1.25 · 24 · 2 / 6)
+
+
+def test_routing_keeps_first_choices_first_and_balanced_loss_is_one():
+    logits = torch.tensor([[3.0, 2.0, 0.0], [3.0, 0.0, 2.0], [3.0, 2.0, 0.0]])  # everyone's favourite: expert 0
+    routing = epx.route(logits, top_k=2, capacity_=2)
+    assert routing.expert[:, 0].tolist() == [0, 0, 0]
+    assert routing.slot[:, 0].tolist() == [0, 1, -1]  # the third first choice finds expert 0 full
+    assert routing.slot[:, 1].tolist() == [0, 0, 1]  # second choices: expert 1 (tokens 0, 2), 2 (token 1)
+    even = epx.route(torch.zeros(4, 4) + torch.eye(4) * 1e-3, top_k=1, capacity_=1)
+    assert epx.load_balancing_loss(even).item() == pytest.approx(1.0, abs=1e-3)
+
+
+class _WrongOrder(epx.ExpertParallelMoE):
+    def _experts(self, buffer):  # the arrived slots read as (experts, ranks) instead of (ranks, experts)
+        e, c, h = buffer.shape
+        local = len(self.placement[dist.get_rank(self.group)])
+        sent, got = [len(p) * c for p in self.placement], [local * c] * self.ep
+        arrived = epx._AllToAll.apply(buffer.flatten(0, 1), (sent, got), self.group, None, "dispatch")
+        out = epx.run_experts(arrived.view(local, self.ep * c, h), self.w_in, self.w_out).flatten(0, 1)
+        return epx._AllToAll.apply(out, (got, sent), self.group, None, "combine").view(e, c, h)
+
+
+def test_a_planted_bug_is_caught_by_a_wide_margin():
+    n = 2
+    results = parlab.launch(_on_ranks, world_size=n, args=([(2, 4.0)], _WrongOrder), announce=False, output="none")
+    y = dense(n, 2, 4.0)[0]
+    error = (torch.cat([results[r][0]["y"] for r in range(n)]) - y).abs().max().item()
+    assert error > 1e3 * 1e-7, f"max error {error:.3g} hides within assert_close's float64 tolerance"
+    print(f"planted bug (slots in the wrong order): max error {error:.3g}, {error / 1e-7:.0f}× the 1e-7 tolerance")
+
+
+def _dp_ep(steps, divide_by_edp=False):
+    from parlab.parallel.topology import Topology
+
+    topo = Topology.build(ep=2)  # dp = world size; experts over pairs of ranks, replicated over edp
+    layer = epx.ExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, 1.0, dtype=torch.float64), topo.group("ep"))
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    r, n = dist.get_rank(), dist.get_world_size()
+    for step in range(steps):
+        x, weigh = (t.chunk(n)[r] for t in data(n, seed=10 + step))
+        y, aux, _ = layer(x)
+        ((y * weigh).mean() + ALPHA * aux).backward()
+        epx.sync_gradients(layer, topo)
+        if divide_by_edp:  # the planted bug: experts averaged over their edp replicas only
+            for p in (layer.w_in, layer.w_out):
+                p.grad *= topo.dp // (topo.dp // topo.ep)
+        opt.step()
+        opt.zero_grad()
+    return {name: p.detach() for name, p in layer.named_parameters()}, epx.placement(EXPERTS, topo.ep)[topo.coord("ep")]
+
+
+def dense_steps(n, steps):
+    moe = epx.MoE(HIDDEN, FFN, EXPERTS, 2, 1.0, dtype=torch.float64)
+    opt = torch.optim.SGD(moe.parameters(), lr=0.5)
+    for step in range(steps):
+        x, weigh = data(n, seed=10 + step)
+        y, aux, _ = moe(x, groups=n)
+        ((y * weigh).mean() + ALPHA * aux).backward()  # the mean over every token, aux over groups
+        opt.step()
+        opt.zero_grad()
+    return {name: p.detach() for name, p in moe.named_parameters()}
+
+
+@pytest.mark.parametrize("bug", [False, True], ids=["dp4xep2", "planted-divide-by-edp"])
+def test_dp_times_ep_trains_like_one_process(bug):
+    n, steps = 4, 2
+    expected = dense_steps(n, steps)
+    errors = []
+    for params, mine in parlab.launch(_dp_ep, world_size=n, args=(steps, bug), announce=False, output="none"):
+        got = {"router": params["router"], "w_in": params["w_in"], "w_out": params["w_out"]}
+        want = {"router": expected["router"], "w_in": expected["w_in"][mine.start:mine.stop],
+                "w_out": expected["w_out"][mine.start:mine.stop]}
+        errors += [(got[k] - want[k]).abs().max().item() for k in got]
+        if not bug:
+            for k in got:
+                assert_close(got[k], want[k])
+    if bug:
+        assert max(errors) > 1e3 * 1e-7
+        print(f"planted bug (experts divided by edp, not dp): max parameter error {max(errors):.3g}")

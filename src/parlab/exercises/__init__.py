@@ -10,6 +10,7 @@
 - ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`.
 - ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`, :func:`check_peak_activations`.
 - ``ch07``: :func:`check_group_ranks`, :func:`check_model_states`, :func:`check_layout_choice`.
+- ``ch08``: :func:`check_sharded_training` (FSDP2 and a sharded checkpoint, resumed at another world size).
 
 Each check passes the reference answer and fails a planted wrong one with a precise message
 (``tests/test_exercises.py``). The chapters do not contain the answers; their solutions sit in collapsed
@@ -24,6 +25,7 @@ from parlab.exercises.ch04 import check_flat_sharding, check_peak_gathered, chec
 from parlab.exercises.ch05 import check_row_parallel_forward, check_tp_collectives, reference_tp_collectives
 from parlab.exercises.ch06 import check_one_f_one_b_order, check_peak_activations, check_smallest_micro_batches
 from parlab.exercises.ch07 import check_group_ranks, check_layout_choice, check_model_states
+from parlab.exercises.ch08 import check_sharded_training
 from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_ranks, first_difference
 
 __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference",

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
 
 CONFIG = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=128, seq_len=32, global_batch=24, accumulation=2,
-              lr=0.3, momentum=0.9, max_grad_norm=1.0, steps=4, param_dtype=None)
+              lr=0.3, momentum=0.9, max_grad_norm=0.5, steps=4, param_dtype=None)
 
 
 def build_model(cfg):

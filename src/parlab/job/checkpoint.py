@@ -5,7 +5,7 @@
 each rank of the new world size, only the pieces of its new shards: resharding is a read plan, not a copy
 of the whole model onto one rank. :func:`contents` reads a checkpoint folder back: bytes per rank file and
 the bytes of the tensors the metadata describes (what the estimator predicts), the rest being each
-entry's serialisation (a few hundred bytes per tensor, noticeable only for tiny models).
+entry's serialisation (about 1.7 kB per tensor piece with torch 2.13: noticeable only for tiny models).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def plot_bytes_per_rank(saved: dict, estimate_bytes: float, title: str = "a shar
     import matplotlib.pyplot as plt
 
     ranks = list(saved["files"])
-    fig, ax = plt.subplots(figsize=(7, 2.6))
+    fig, ax = plt.subplots(figsize=(8, 2.6))
     ax.bar(ranks, [b / 1e3 for b in saved["files"].values()], label="file written by the rank")
     ax.axhline(estimate_bytes / 1e3, color="k", ls="--", label="estimate: weights + momentum, / N")
     ax.set(xlabel="rank", ylabel="kB", xticks=ranks, title=title)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return fig

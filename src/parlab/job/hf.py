@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from parlab.job.train_fsdp import CONFIG, build_model, dataset
 
-#: The Trainer's FSDP2: ``TrainingArguments(fsdp="full_shard auto_wrap", fsdp_config=TRAINER_FSDP)``.
+#: The Trainer's FSDP2: ``TrainingArguments(fsdp=True, fsdp_config=TRAINER_FSDP)``.
 TRAINER_FSDP = {
     "version": 2,                                   # fully_shard (FSDP2), not the FSDP1 wrapper class
     "transformer_layer_cls_to_wrap": ["GPT2Block"],  # one unit per block: fully_shard(block) per block
@@ -78,7 +78,7 @@ def _arguments(cfg, output_dir, fsdp):
         optim="sgd", optim_args=f"momentum={cfg['momentum']}", learning_rate=cfg["lr"], weight_decay=0.0,
         lr_scheduler_type="constant", max_grad_norm=cfg["max_grad_norm"] or 0.0, seed=0,
         logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, remove_unused_columns=False,
-        **({"fsdp": "full_shard auto_wrap", "fsdp_config": TRAINER_FSDP} if fsdp else {}))
+        **({"fsdp": True, "fsdp_config": TRAINER_FSDP} if fsdp else {}))
 
 
 def trainer_job(cfg: dict | None = None, fsdp: bool = False) -> dict:

@@ -117,8 +117,9 @@ def test_exercise_fails_a_checkpoint_without_the_optimizer():
         sd.get_state_dict = lambda model, opt: (real(model, opt)[0], {})  # the optimizer's state is left out
         return solution(first_step, steps, save_to, load_from)
 
-    with pytest.raises(ExerciseFailed, match="no optimizer state"):
+    with pytest.raises(ExerciseFailed, match="no optimizer state") as failed:
         check_sharded_training(model_only, world_size=2, resume_world_size=3)
+    print(failed.value)
 
 
 def test_exercise_fails_losses_not_averaged_over_ranks():
@@ -132,8 +133,9 @@ def test_exercise_fails_losses_not_averaged_over_ranks():
         finally:
             dist.all_reduce = real
 
-    with pytest.raises(ExerciseFailed, match=re.escape("on 2 ranks, steps 0–1: loss 0 is")):
+    with pytest.raises(ExerciseFailed, match=re.escape("on 2 ranks, steps 0–1: loss 0 is")) as failed:
         check_sharded_training(local_losses, world_size=2, resume_world_size=3)
+    print(failed.value)
 
 
 def test_exercise_refuses_the_package_script():

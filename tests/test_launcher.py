@@ -169,6 +169,24 @@ def test_threads_option_and_environment_follows_the_caller(monkeypatch):
     assert out == [("from-the-notebook", 1, os.getcwd())] * 2
 
 
+def _mismatched_all_reduce():
+    t = torch.ones(3 + parlab.rank())  # shape 3 on rank 0, 4 on rank 1
+    dist.all_reduce(t)
+
+
+def test_distributed_debug_set_after_the_zygote_started_reaches_the_ranks(monkeypatch):
+    # torch.distributed reads TORCH_DISTRIBUTED_DEBUG when imported; the zygote imported it long ago.
+    parlab.launch(lambda: None, 2, announce=False)  # the zygote runs, torch.distributed imported
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    assert parlab.launch(lambda: str(dist.get_debug_level()), 2, announce=False) == ["DebugLevel.DETAIL"] * 2
+    started = time.monotonic()
+    with pytest.raises(parlab.RankError, match=r"Detected mismatch between collectives[\s\S]*shapes: 3\s*vs 4"):
+        parlab.launch(_mismatched_all_reduce, 2, timeout=60, announce=False)
+    assert time.monotonic() - started < 60  # at once, not after the timeout
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG")
+    assert parlab.launch(lambda: str(dist.get_debug_level()), 2, announce=False) == ["DebugLevel.OFF"] * 2
+
+
 # -- output ----------------------------------------------------------------------------------------
 
 def _chatty():

@@ -15,6 +15,7 @@
 - ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`.
 - ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`, :func:`check_peak_activations`.
 - ``ch07``: :func:`check_group_ranks`, :func:`check_model_states`, :func:`check_layout_choice`.
+- ``ch08``: :func:`check_sharded_training` (FSDP2 and a sharded checkpoint, resumed at another world size).
 - ``ch09``: :func:`check_online_softmax_combine`, :func:`check_received`.
 
 Each check passes the reference answer and fails a planted wrong one with a precise message
@@ -34,13 +35,17 @@ from parlab.exercises.ch04 import (check_accumulation_volume, check_keep_gathere
 from parlab.exercises.ch05 import check_row_parallel_forward, check_tp_collectives, reference_tp_collectives
 from parlab.exercises.ch06 import check_one_f_one_b_order, check_peak_activations, check_smallest_micro_batches
 from parlab.exercises.ch07 import check_group_ranks, check_layout_choice, check_model_states
+from parlab.exercises.ch08 import check_sharded_training
 from parlab.exercises.ch09 import check_online_softmax_combine, check_received
 from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_ranks, first_difference
 
-__all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference",
-           "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_max_params",
-           "check_activation_scaling", "check_largest_models", "check_recursive_doubling", "check_crossover_bytes", "check_weighted_average", "check_ddp_buckets", "check_reduce_to_owners", "check_peak_gathered", "check_accumulation_volume", "check_keep_gathered", "check_choice", "check_send_buffer", "check_below_crossover", "check_early_buckets",
-           "check_row_parallel_forward", "check_tp_collectives", "reference_tp_collectives",
-           "check_one_f_one_b_order", "check_peak_activations", "check_smallest_micro_batches",
-           "check_group_ranks", "check_model_states", "check_layout_choice",
+__all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference", "check_my_slice",
+           "check_hang_prediction", "check_gated_mlp_bytes", "check_max_params", "check_activation_scaling",
+           "check_largest_models", "check_recursive_doubling", "check_crossover_bytes",
+           "check_weighted_average", "check_ddp_buckets", "check_reduce_to_owners", "check_peak_gathered",
+           "check_accumulation_volume", "check_keep_gathered", "check_choice", "check_send_buffer",
+           "check_below_crossover", "check_early_buckets", "check_row_parallel_forward",
+           "check_tp_collectives", "reference_tp_collectives", "check_one_f_one_b_order",
+           "check_peak_activations", "check_smallest_micro_batches", "check_group_ranks",
+           "check_model_states", "check_layout_choice", "check_sharded_training",
            "check_online_softmax_combine", "check_received"]

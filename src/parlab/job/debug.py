@@ -1,0 +1,117 @@
+"""When a job goes wrong: a slow rank, and memory that does not fit (chapter 08).
+
+- :func:`straggler` runs a few steps (load a batch, compute, all-reduce) on every rank, one rank slow to
+  load, with a ``Timeline`` of each rank and a profiler trace per rank (``rank<r>.json``, open it in
+  ``chrome://tracing`` or https://ui.perfetto.dev). The fast ranks' time goes into waiting inside the
+  all-reduce: in a synchronous job every step runs at the pace of the slowest rank.
+- :func:`step_memory` runs this chapter's job one step under DDP or FSDP2 and measures what the rank holds
+  (``parlab.measure.measure_memory``) and the most bytes the next step adds at once
+  (``parlab.measure.peak_memory``): on a CPU, where nothing runs out of memory, the numbers that would
+  decide whether a GPU does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+from parlab.job.train_fsdp import CONFIG, build_model, dataset, shard
+from parlab.measure import Timeline, measure_memory, peak_memory
+
+
+def straggler(slow_rank: int = 1, delay: float = 0.3, steps: int = 3, size: int = 128, trace_dir=None) -> dict:
+    """On each rank: ``steps`` × (load a batch, compute, all-reduce); ``slow_rank`` takes ``delay`` seconds
+    more to load each batch (a slow disk, a busy data worker). Returns the timeline's events and the
+    profiler's top operators by self CPU time."""
+    rank = dist.get_rank()
+    a, grad = torch.randn(size, size), torch.zeros(2**16)
+    timeline = Timeline()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            with timeline.span("load"):
+                time.sleep(delay if rank == slow_rank else 0.0)
+            with timeline.span("compute"):
+                for _ in range(4):
+                    a = torch.tanh(a @ a / size)
+            with timeline.span("all-reduce", "comm"):
+                dist.all_reduce(grad)
+    if trace_dir:
+        prof.export_chrome_trace(os.path.join(trace_dir, f"rank{rank}.json"))
+    top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:3]
+    return {"events": timeline.events, "top": [(e.key, e.self_cpu_time_total / 1e6) for e in top]}
+
+
+def step_memory(layout: str, cfg: dict | None = None) -> dict:
+    """One step of the job under ``layout`` ("ddp" or "fsdp2"), then: the bytes held between steps and the
+    most the second step adds at once. ``cfg``: changes to ``train_fsdp.CONFIG``."""
+    cfg = dict(CONFIG, **(cfg or {}), accumulation=1)
+    device = _device()
+    model = build_model(cfg).to(device)
+    if layout == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    elif layout == "fsdp2":
+        model = shard(model, cfg)
+    else:
+        raise ValueError(f"layout must be 'ddp' or 'fsdp2'; got {layout!r}")
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+    micro = cfg["global_batch"] // dist.get_world_size()
+    x = dataset(cfg)[dist.get_rank() * micro:(dist.get_rank() + 1) * micro].to(device)  # (micro, seq_len)
+
+    def step():
+        model(input_ids=x, labels=x).loss.backward()
+        held = measure_memory(model, opt)  # with the gradients: the most model states held at once
+        opt.step()
+        opt.zero_grad()
+        return held
+
+    step()  # the first step creates the momentum buffers
+    held, peak = peak_memory(step, device=device)
+    between = held.params + held.optimizer + held.buckets  # what stays from one step to the next
+    return {"states": held.as_dict(), "between_steps": between, "step_peak": peak, "total": between + peak,
+            "micro_batch": micro}
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def cuda_out_of_memory(cfg: dict, snapshot_path: str, micro_batch: int = 2) -> dict:
+    """GPU only, on one rank: cap this process's CUDA memory at what ``estimate_memory`` predicts for one step
+    at ``micro_batch`` (plus a quarter for the allocator's rounding), run that step (it fits), then one at 8
+    times the micro-batch (it must not), recording every allocation; dump the snapshot to ``snapshot_path``
+    (for https://pytorch.org/memory_viz) and return the largest live blocks at the failure."""
+    from parlab.measure import estimate_memory
+
+    cfg = dict(CONFIG, **cfg)
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = build_model(cfg).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+    predicted = estimate_memory(model, precision="fp32", optimizer="momentum", micro_batch=micro_batch,
+                                seq_len=cfg["seq_len"], device="cuda").total
+    cap = 1.25 * predicted + torch.cuda.memory_allocated(device)
+    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(device).total_memory, device)
+    data = dataset(dict(cfg, global_batch=8 * micro_batch, steps=1)).to(device)
+
+    def step(rows):
+        x = data[:rows]
+        model(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    step(micro_batch)  # fits
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        step(8 * micro_batch)
+        out_of_memory = False
+    except torch.OutOfMemoryError:
+        out_of_memory = True
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._dump_snapshot(snapshot_path)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    blocks = [b["size"] for seg in snapshot["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"]
+    return {"out_of_memory": out_of_memory, "cap": cap, "predicted": predicted,
+            "largest": [f"{b / 1e6:.1f} MB" for b in sorted(blocks, reverse=True)[:3]]}

@@ -1,0 +1,29 @@
+"""Run a script or module under ``torchrun --standalone`` from a notebook cell, and read what rank 0 wrote
+(chapter 08). torchrun is ``python -m torch.distributed.run``: the same thing, from the same Python."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import parlab
+
+
+def torchrun(target: str, nproc: int, *args: str, module: bool = False, timeout: float = 600,
+             env: dict | None = None) -> str:
+    """``torchrun --standalone --nproc-per-node nproc [-m] target args...``; returns what it printed.
+
+    A failed run raises ``RuntimeError`` with the end of its output (torchrun names the failing rank)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           *(["-m"] if module else []), target, *args]
+    src = os.path.dirname(os.path.dirname(parlab.__file__))  # so `-m parlab.job.hf` imports this parlab
+    path = os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    full_env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", **(env or {}))
+    for name in ("PARLAB_IN_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        full_env.pop(name, None)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd[2:])} failed (exit {done.returncode}):\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-3000:]}")
+    return done.stdout + done.stderr

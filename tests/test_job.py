@@ -1,0 +1,165 @@
+"""Chapter 08's job: the Trainer under parlab.launch as under torchrun, the silent DDP fallback of FSDP on CPU,
+the resharded resume from a sharded checkpoint, and the exercise's check in both directions."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import cloudpickle
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+from torch.testing import assert_close
+
+import parlab
+from parlab.exercises import ExerciseFailed
+from parlab.exercises.ch08 import check_sharded_training
+from parlab.job import checkpoint, hf, train_fsdp
+from parlab.job.reference import one_process
+from parlab.job.torchrun import torchrun
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as functions in a notebook cell travel
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftover_ranks")]
+CPU = not torch.cuda.is_available()
+NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "08_your_own_job.ipynb"
+
+
+@pytest.mark.skipif(not CPU, reason="the CPU ranks' Trainer (gloo)")
+def test_trainer_under_launch_is_the_trainer_under_torchrun(tmp_path):
+    cfg = {"steps": 2}
+    launched = parlab.launch(hf.trainer_job, 2, kwargs={"cfg": cfg}, timeout=120, output="none")[0]
+    torchrun("parlab.job.hf", 2, "--config", '{"steps": 2}', "--out", str(tmp_path / "r.pt"), module=True)
+    run = torch.load(tmp_path / "r.pt", weights_only=False)
+    assert len(launched["losses"]) == 2
+    assert_close(torch.tensor(launched["losses"]), torch.tensor(run["losses"]))
+    for name, p in run["params"].items():
+        assert_close(launched["params"][name], p, msg=name)
+    assert launched["distributed_type"] == run["distributed_type"] == "MULTI_CPU"
+    assert launched["wrapped"] == run["wrapped"] == "DistributedDataParallel"
+
+
+@pytest.mark.skipif(not CPU, reason="the fallback happens on CPU ranks only")
+def test_fsdp_asked_on_cpu_ranks_is_ddp_without_a_word(capfd):
+    asked = parlab.launch(hf.accelerate_fsdp, 2, announce=False)
+    assert asked == [{"distributed_type": "MULTI_CPU", "wrapped": "DistributedDataParallel", "sharded": False}] * 2
+    trainer = parlab.launch(hf.trainer_job, 2, kwargs={"cfg": {"steps": 1}, "fsdp": True}, timeout=120)[0]
+    assert (trainer["distributed_type"], trainer["wrapped"]) == ("MULTI_CPU", "DistributedDataParallel")
+    assert "fsdp" not in capfd.readouterr().err.lower()  # no warning says so
+    # ... while the plain script's fully_shard does shard on the same CPU ranks
+    sharded = parlab.launch(_is_sharded, 2, announce=False)
+    assert sharded == [True, True]
+
+
+def _is_sharded():
+    from torch.distributed.tensor import DTensor
+
+    model = train_fsdp.shard(train_fsdp.build_model(train_fsdp.CONFIG), train_fsdp.CONFIG)
+    return all(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _resume(cfg, path, drop_momentum):
+    if drop_momentum:  # the planted bug: the optimizer's state is not restored
+        load = train_fsdp.load
+        train_fsdp.load = lambda model, opt, p: (load(model, opt, p), opt.state.clear())[0]
+    return train_fsdp.train(cfg, load_from=path)
+
+
+@pytest.mark.parametrize("saved_at, resumed_at", [(3, 2)])
+def test_resharded_resume_continues_the_uninterrupted_run(tmp_path, saved_at, resumed_at):
+    cfg = dict(train_fsdp.CONFIG, steps=4)
+    path = str(tmp_path / "ckpt")
+    reference = one_process(cfg)
+    first = parlab.launch(train_fsdp.train, saved_at, args=(cfg, 2, path), announce=False)[0]
+    saved = checkpoint.contents(path)
+    assert list(saved["files"]) == list(range(saved_at))  # one file per rank: no full copy anywhere
+    assert any("momentum_buffer" in k for k in saved["tensor_bytes"])
+    rest = parlab.launch(_resume, resumed_at, args=(cfg, path, False), announce=False)[0]
+    assert_close(torch.tensor(first["losses"] + rest["losses"]), torch.tensor(reference["losses"]))
+    for name, p in reference["params"].items():
+        assert_close(rest["params"][name], p, msg=name)
+    # the same resume without the momentum is caught, by a wide margin
+    wrong = parlab.launch(_resume, resumed_at, args=(cfg, path, True), announce=False)[0]
+    gap = max((wrong["params"][n] - p).abs().max().item() for n, p in reference["params"].items())
+    print(f"resume without momentum: weights off by up to {gap:.2e} (assert_close allows ~1e-5)")
+    assert gap > 1e-3
+
+
+# -- the exercise ----------------------------------------------------------------------------------------
+
+def _solution():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    (cell,) = [c for c in notebook.cells if "solution" in c.metadata.get("tags", [])]
+    assert cell.metadata.get("jupyter", {}).get("source_hidden") is True  # collapsed in JupyterLab
+    namespace = {"torch": torch, "dist": dist}  # what the chapter imported
+    exec(compile(cell.source, "<solution>", "exec"), namespace)
+    return namespace["solution_sharded_loop"]
+
+
+def test_exercise_solution_passes_and_the_check_reads_no_solution():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    checks = [c.source for c in notebook.cells if "check_sharded_training(" in c.source]
+    assert checks and all("solution" not in c for c in checks)
+    print(check_sharded_training(_solution(), world_size=2, resume_world_size=3))
+
+
+def test_exercise_fails_a_checkpoint_without_the_optimizer():
+    solution = _solution()
+
+    def model_only(first_step, steps, save_to=None, load_from=None):
+        import torch.distributed.checkpoint.state_dict as sd
+
+        real = sd.get_state_dict
+        sd.get_state_dict = lambda model, opt: (real(model, opt)[0], {})  # the optimizer's state is left out
+        return solution(first_step, steps, save_to, load_from)
+
+    with pytest.raises(ExerciseFailed, match="no optimizer state") as failed:
+        check_sharded_training(model_only, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
+def test_exercise_fails_losses_not_averaged_over_ranks():
+    solution = _solution()
+
+    def local_losses(first_step, steps, save_to=None, load_from=None):
+        real = dist.all_reduce
+        dist.all_reduce = lambda t, op=None, **kw: None  # each rank reports its own shard's loss
+        try:
+            return solution(first_step, steps, save_to, load_from)
+        finally:
+            dist.all_reduce = real
+
+    with pytest.raises(ExerciseFailed, match=re.escape("on 2 ranks, steps 0–1: loss 0 is")) as failed:
+        check_sharded_training(local_losses, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
+def test_exercise_refuses_the_package_script():
+    def borrowed(first_step, steps, save_to=None, load_from=None):
+        return train_fsdp.train(dict(train_fsdp.CONFIG), steps, save_to, load_from)["losses"]
+
+    with pytest.raises(ExerciseFailed, match="write the FSDP2 and checkpoint code yourself"):
+        check_sharded_training(borrowed, world_size=2, resume_world_size=3)
+
+
+# -- GPUs (the GPU CI job: pytest -m gpu) ----------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_trainer_fsdp_shards_on_gpus():
+    result = parlab.launch(hf.trainer_job, 2, kwargs={"cfg": {"steps": 2}, "fsdp": True}, timeout=300)[0]
+    assert result["distributed_type"] == "FSDP" and len(result["losses"]) == 2
+    assert parlab.launch(hf.accelerate_fsdp, 2)[0]["sharded"]
+
+
+@pytest.mark.gpu
+def test_memory_snapshot_of_a_predicted_out_of_memory(tmp_path):
+    from parlab.job import debug
+
+    job = dict(n_layer=8, n_embd=1024, n_head=16, seq_len=512)
+    oom = parlab.launch(debug.cuda_out_of_memory, 1, args=(job, str(tmp_path / "oom.pickle")), timeout=300)[0]
+    assert oom["out_of_memory"] and (tmp_path / "oom.pickle").stat().st_size > 0

@@ -7,8 +7,9 @@
 - ``ch02``: :func:`check_recursive_doubling`, :func:`check_crossover_bytes`.
 - ``ch03``: :func:`check_weighted_average`, :func:`check_ddp_buckets` (against PyTorch's DDP).
 - ``ch04``: :func:`check_flat_sharding`, :func:`check_peak_gathered`, :func:`check_smallest_stage`.
-- ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`.
-- ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`, :func:`check_peak_activations`.
+- ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`, :func:`check_sp_costs`.
+- ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`, :func:`check_peak_activations`,
+  :func:`check_message_cost`, :func:`check_interleave_tradeoff`.
 - ``ch07``: :func:`check_group_ranks`, :func:`check_model_states`, :func:`check_layout_choice`.
 
 Each check passes the reference answer and fails a planted wrong one with a precise message
@@ -21,8 +22,14 @@ from parlab.exercises.ch01 import check_gated_mlp_bytes, check_max_params
 from parlab.exercises.ch02 import check_crossover_bytes, check_recursive_doubling
 from parlab.exercises.ch03 import check_ddp_buckets, check_weighted_average
 from parlab.exercises.ch04 import check_flat_sharding, check_peak_gathered, check_smallest_stage
-from parlab.exercises.ch05 import check_row_parallel_forward, check_tp_collectives, reference_tp_collectives
-from parlab.exercises.ch06 import check_one_f_one_b_order, check_peak_activations, check_smallest_micro_batches
+from parlab.exercises.ch05 import check_row_parallel_forward, check_sp_costs, check_tp_collectives
+from parlab.exercises.ch06 import (
+    check_interleave_tradeoff,
+    check_message_cost,
+    check_one_f_one_b_order,
+    check_peak_activations,
+    check_smallest_micro_batches,
+)
 from parlab.exercises.ch07 import check_group_ranks, check_layout_choice, check_model_states
 from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_ranks, first_difference
 
@@ -30,6 +37,7 @@ __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_d
            "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_max_params",
            "check_recursive_doubling", "check_crossover_bytes", "check_weighted_average", "check_ddp_buckets",
            "check_flat_sharding", "check_peak_gathered", "check_smallest_stage",
-           "check_row_parallel_forward", "check_tp_collectives", "reference_tp_collectives",
-           "check_one_f_one_b_order", "check_peak_activations", "check_smallest_micro_batches",
+           "check_row_parallel_forward", "check_tp_collectives", "check_sp_costs",
+           "check_one_f_one_b_order", "check_peak_activations", "check_smallest_micro_batches", "check_message_cost",
+           "check_interleave_tradeoff",
            "check_group_ranks", "check_model_states", "check_layout_choice"]

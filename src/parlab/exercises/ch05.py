@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, without
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, check_choice, without
 
 IN, OUT, BATCH = 12, 6, 5
 
@@ -232,11 +232,6 @@ def check_sp_costs(saved_and_gathers, norms: str, literal: str) -> Passed:
         if got[1] != want[1]:
             raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}): {got[1]!r} all-gathers added per layer; each "
                                  f"gathered input is gathered again once in backward: expected {want[1]}")
-    for what, letter, choices, right in (("(b) norms", norms, NORM_CHOICES, "b"), ("(c) literal", literal,
-                                                                                   LITERAL_CHOICES, "a")):
-        if letter not in choices:
-            raise ExerciseFailed(f"{what}: {letter!r} is not one of {sorted(choices)}")
-        if letter != right:
-            raise ExerciseFailed(f"{what}: {letter!r} ({choices[letter]}) is not why; think again about what each "
-                                 f"rank computes")
+    check_choice("(b) norms", norms, NORM_CHOICES, "b")
+    check_choice("(c) literal", literal, LITERAL_CHOICES, "a")
     return Passed("sequence parallelism's costs: the bytes saved, the all-gathers added, and both reasons")

@@ -104,6 +104,14 @@ def without(owner, names, why: str):
             setattr(owner, name, value)
 
 
+def check_choice(what: str, letter, choices: dict, right: str) -> None:
+    """A "think" question answered by a letter: fails, naming ``what``, unless ``letter`` is ``right``."""
+    if letter not in choices:
+        raise ExerciseFailed(f"{what}: {letter!r} is not one of {sorted(choices)}")
+    if letter != right:
+        raise ExerciseFailed(f"{what}: {letter!r} ({choices[letter]}) is not why; think again")
+
+
 def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, timeout: float = 30,
                 atol: float = 1e-5, rtol: float = 1e-5, _record: bool = False):
     """Run ``fn`` and ``reference`` on ``world_size`` ranks; pass if every rank's result matches."""

@@ -304,7 +304,9 @@ def test_a_planted_sequence_parallel_bug_is_caught_by_gradients_not_losses(ranks
     assert_close(got["logits"], ref["logits"])
     margin = {k: times_tolerance(got["grads"][k], g) for k, g in ref["grads"].items()}
     worst = max(margin, key=margin.get)
-    assert "ln_" in worst and margin[worst] > 1e4, (worst, margin[worst])
+    off = (got["grads"][worst] - ref["grads"][worst]).abs().max() / ref["grads"][worst].abs().max()
+    # here (tiny sizes) some 20 times assert_close's tolerance; in chapter 05's setting 120 to 190 times
+    assert "ln_" in worst and margin[worst] > 10 and off > 0.5, (worst, margin[worst], off)
 
 
 def test_kv_heads_split_or_replicated(ranks):

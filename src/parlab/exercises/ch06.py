@@ -1,5 +1,7 @@
 """Chapter 06's exercises: pipeline schedules, their bubble and their memory, checked against the package's
-schedules (``parlab.parallel.pipeline_schedule``) over many settings, naming the first difference."""
+schedules (``parlab.parallel.pipeline_schedule``) over many settings, naming the first difference; and two
+"think" questions, checked by the simulator's numbers and a choice (what messages cost, how far to
+interleave)."""
 
 from __future__ import annotations
 

@@ -486,3 +486,15 @@ def test_neighbouring_stages_on_one_rank_hand_over_in_memory():
     got, messages = parlab.launch(run, world_size=1, timeout=60, output="none", announce=False)[0]
     assert messages == 0
     assert_close(got, [grads[0], grads[1]])
+
+
+def test_traffic_model_prices_only_a_tp_that_splits_the_heads():
+    """Chapter 06 prices TP 8 only for a model whose heads split 8 ways (GPT-2 XL's 25 do not)."""
+    from parlab.advice import preset
+    from parlab.bench.pipeline import traffic
+
+    with pytest.raises(ValueError, match="25 attention heads do not split over 8"):
+        traffic(preset("GPT-2 XL (1.5B)"), 8, 16, 1024, 16)
+    sent = traffic(preset("Llama 2 7B"), 8, 16, 1024, 16)
+    assert sent["PP"] == (32, 2 * 16 * 1 * 1024 * 4096 * 2)  # m activations and m gradients of (B/m, s, h) in bf16
+    assert sent["TP"][0] == 4 * 32 * 2 * 7 and sent["DDP"][1] > 30 * sent["PP"][1]

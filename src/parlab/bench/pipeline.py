@@ -7,7 +7,7 @@ per rank, cut into ``p·v`` stages, so that every schedule, interleaved or not, 
 work. :func:`record` runs on every rank: for each requested run it builds the stages, takes one untimed
 step, then ``steps`` recorded ones, and keeps the step that took least time (the one a busy machine
 disturbed least); every step's events are kept too, so that a chapter can show the spread over steps.
-:func:`torch_orders` builds PyTorch's schedules without running them: their ``pipeline_order``, as data.
+:func:`recorded_bubbles` gives a run's bubble at each recorded step.
 :func:`gpt2_step` runs one step of a tiny GPT-2 cut by layers under our executor or PyTorch's, for the
 chapter's parity check; :func:`traffic` is the chapter's model of what DDP, TP and PP send per step.
 """
@@ -180,13 +180,6 @@ def plot(result: dict, title: str):
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
-
-
-def torch_orders(names, m: int, cfg: dict) -> dict:
-    """On every rank: PyTorch's schedules ``names`` (keys of :data:`TORCH_SCHEDULES`) for ``m`` micro-batches,
-    built on this rank's stages and not run → name → ``pipeline_order`` (None for a one-stage schedule,
-    whose order is ours: see :func:`_setup`)."""
-    return {name: _setup(("torch", name, m, 2), cfg)[0].pipeline_order for name in names}
 
 
 def recorded_bubbles(results, i: int) -> list[float]:

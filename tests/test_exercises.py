@@ -67,8 +67,6 @@ def test_wrong_element_names_rank_and_values():
     assert "on rank 1 of 2: element 5: expected 110, got 111 (1 of 6 elements differ)" in str(err.value)
 
 
-
-
 # ---- chapter 00 -------------------------------------------------------------------------------------
 
 def even_slice(n_items):
@@ -221,7 +219,7 @@ def test_chapter_02_solutions_pass_and_think_questions_are_checked():
     # planted wrong answers: each is told why
     with pytest.raises(ExerciseFailed, match="separate processes"):
         check_send_buffer("c")
-    with pytest.raises(ExerciseFailed, match=r"answer with one of 'a', 'b', 'c'; got None"):
+    with pytest.raises(ExerciseFailed, match=r"None is not one of \['a', 'b', 'c'\]"):
         check_send_buffer(None)
     with pytest.raises(ExerciseFailed, match="latency dominates"):
         check_below_crossover("ring")
@@ -323,6 +321,85 @@ def _real(sizes, bucket_bytes):
 
     return tuple(parlab.launch(_early_launches, world_size=2, args=(sizes, bucket_bytes, 8), announce=False,
                                output="none")[0])
+
+
+# -- chapters 05 and 06: the collapsed solutions pass, planted wrong answers and copies fail --------------
+
+def _solutions(notebook: str, namespace: dict) -> dict:
+    """Execute a chapter's solution cells (tagged ``solution``, collapsed) in ``namespace``: what they define."""
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / notebook, 4)
+    cells = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
+    assert cells, f"{notebook} has no solution cells"
+    for cell in cells:
+        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, f"{notebook}: a solution cell is not collapsed"
+        exec(cell.source, namespace)
+    return namespace
+
+
+def test_chapter_05_solutions_pass_and_copies_fail():
+    import torch.nn.functional as F
+
+    from parlab.exercises import check_row_parallel_forward, check_sp_costs, check_tp_collectives
+    from parlab.exercises.ch05 import _reference_tp_collectives
+    from parlab.parallel import tensor as tp
+
+    sol = _solutions("05_tensor_parallel.ipynb", {"F": F, "tp": tp, "torch": torch})
+    assert "one all-reduce" in repr(check_row_parallel_forward(sol["solution_row_parallel_forward"], world_size=2))
+    assert "all 8 chains" in repr(check_tp_collectives(sol["solution_tp_collectives"]))
+    assert "both reasons" in repr(check_sp_costs(sol["solution_sp_recompute"], sol["solution_norms"],
+                                                 sol["solution_literal"]))
+    # the package's answer, however it is reached, is refused while the learner's code runs
+    for copy in (lambda layer, x: type(layer).forward(layer, x), lambda layer, x: layer(x),
+                 lambda layer, x, f=tp.RowParallelLinear.forward: f(layer, x)):
+        with pytest.raises(ExerciseFailed, match="own forward|package's own"):
+            check_row_parallel_forward(copy, world_size=2)
+    with pytest.raises(ExerciseFailed, match="never added up"):  # planted: no g
+        check_row_parallel_forward(lambda layer, x: F.linear(x, layer.weight) + layer.bias, world_size=2)
+    with pytest.raises(ExerciseFailed, match="check's own reference"):
+        check_tp_collectives(_reference_tp_collectives)
+    with pytest.raises(ExerciseFailed, match="check's own reference"):
+        check_tp_collectives(lambda splits: _reference_tp_collectives(splits))
+    with pytest.raises(ExerciseFailed, match="that is one input"):  # planted: only c_attn's input
+        check_sp_costs(lambda batch, seq_len, hidden, tp_size: (batch * seq_len * hidden * 4 * (tp_size - 1) // tp_size, 2),
+                       "b", "a")
+    with pytest.raises(ExerciseFailed, match=r"\(b\) norms: 'a'"):
+        check_sp_costs(sol["solution_sp_recompute"], "a", "a")
+    with pytest.raises(ExerciseFailed, match=r"\(c\) literal: 'b'"):
+        check_sp_costs(sol["solution_sp_recompute"], "b", "b")
+
+
+def test_chapter_06_solutions_pass_and_wrong_answers_fail():
+    from parlab.exercises import (
+        check_interleave_tradeoff,
+        check_message_cost,
+        check_one_f_one_b_order,
+        check_peak_activations,
+        check_smallest_micro_batches,
+    )
+    from parlab.parallel import pipeline_schedule as ps
+
+    sol = _solutions("06_pipeline_parallel.ipynb", {"ps": ps})
+    check_one_f_one_b_order(sol["solution_one_f_one_b_order"])
+    check_smallest_micro_batches(sol["solution_smallest_micro_batches"])
+    check_peak_activations(sol["solution_peak_activations"])
+    check_message_cost(sol["solution_bubble_comm_1"], sol["solution_why"])
+    bubbles, peaks = sol["solution_bubbles"], sol["solution_peaks"]
+    check_interleave_tradeoff(bubbles[2], bubbles[4], peaks[2], peaks[4], sol["solution_stop"])
+    # planted: free messages; the wrong reason; v = 2 and v = 4 swapped; peaks in a rank's micro-batches
+    with pytest.raises(ExerciseFailed, match="with comm=1"):
+        check_message_cost(ps.bubble_fraction(ps.simulate(ps.one_f_one_b(4, 8))), "a")
+    with pytest.raises(ExerciseFailed, match="why: 'c'"):
+        check_message_cost(sol["solution_bubble_comm_1"], "c")
+    with pytest.raises(ExerciseFailed, match="the bubble at v=2"):
+        check_interleave_tradeoff(bubbles[4], bubbles[2], peaks[2], peaks[4], "a")
+    with pytest.raises(ExerciseFailed, match="rank 0's peak at v=2"):
+        check_interleave_tradeoff(bubbles[2], bubbles[4], peaks[2] / 2, peaks[4] / 4, "a")
+    with pytest.raises(ExerciseFailed, match="where to stop: 'b'"):
+        check_interleave_tradeoff(bubbles[2], bubbles[4], peaks[2], peaks[4], "b")
 
 
 # -- chapter 06 ----------------------------------------------------------------------------------------------

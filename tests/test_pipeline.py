@@ -364,6 +364,27 @@ def test_measured_activations_are_the_count_from_the_order():
         assert [out[r][i]["peak"] / out[r][i]["per_micro_batch"] for r in range(p)] == pytest.approx(counted), name
 
 
+def test_zero_bubble_gain_at_equal_stages_per_rank():
+    """Chapter 06 compares the split backward at equal v: PyTorch's orders, simulated with F = I = W = 1 at
+    p = 4, m = 8 (the issue's setting): 1F1B 3/11, interleaved 1F1B (v = 2) 3/19, ZB-1p below both; more than
+    a third of ZB-1p's drop from 1F1B is interleaving's, the rest the split's."""
+    from parlab.bench.pipeline import TORCH_SCHEDULES, record
+
+    preload("torch._dynamo", "torch.distributed.pipelining")
+    p, m, names = 4, 8, ("interleaved", "zero-bubble", "zbv")
+    cfg = dict(hidden=16, batch=16, blocks_per_rank=2)
+    out = parlab.launch(record, world_size=p, args=([("torch", n, m, 2) for n in names], cfg, 1), timeout=300,
+                        announce=False)
+    costs = {"F": 1, "I": 1, "W": 1, "B": 2}
+    bubble = {name: ps.bubble_fraction(ps.simulate(ps.from_torch(out[0][i]["pipeline_order"], m, TORCH_SCHEDULES[name]),
+                                                   costs)) for i, name in enumerate(names)}
+    bubble["1f1b"] = ps.bubble_fraction(ps.simulate(ps.one_f_one_b(p, m), costs))
+    assert bubble["1f1b"] == pytest.approx(3 / 11) and bubble["interleaved"] == pytest.approx(3 / 19)
+    assert bubble["interleaved"] > bubble["zero-bubble"] and bubble["interleaved"] > bubble["zbv"]
+    share = (bubble["1f1b"] - bubble["interleaved"]) / (bubble["1f1b"] - bubble["zero-bubble"])
+    assert 0.3 < share < 0.7, share
+
+
 def test_the_simulator_shows_what_ran(trained):
     """Chapter 06's simulator widget draws, for every setting that ran, the order each rank recorded."""
     from parlab import widgets
@@ -465,3 +486,15 @@ def test_neighbouring_stages_on_one_rank_hand_over_in_memory():
     got, messages = parlab.launch(run, world_size=1, timeout=60, output="none", announce=False)[0]
     assert messages == 0
     assert_close(got, [grads[0], grads[1]])
+
+
+def test_traffic_model_prices_only_a_tp_that_splits_the_heads():
+    """Chapter 06 prices TP 8 only for a model whose heads split 8 ways (GPT-2 XL's 25 do not)."""
+    from parlab.advice import preset
+    from parlab.bench.pipeline import traffic
+
+    with pytest.raises(ValueError, match="25 attention heads do not split over 8"):
+        traffic(preset("GPT-2 XL (1.5B)"), 8, 16, 1024, 16)
+    sent = traffic(preset("Llama 2 7B"), 8, 16, 1024, 16)
+    assert sent["PP"] == (32, 2 * 16 * 1 * 1024 * 4096 * 2)  # m activations and m gradients of (B/m, s, h) in bf16
+    assert sent["TP"][0] == 4 * 32 * 2 * 7 and sent["DDP"][1] > 30 * sent["PP"][1]

@@ -168,11 +168,29 @@ def with_bug(plan):
     return {k: (BiasBeforeSum() if k.endswith("mlp.c_proj") else v) for k, v in plan.items()}
 
 
+@dataclass(frozen=True)
+class NormGradsNotSummed:
+    """A planted bug: ``SequenceParallel.apply`` a no-op, so the norms' weight gradients stay partial sums."""
+
+    def apply(self, module, comm, sp):
+        return None
+
+
+def without_norm_sums(plan):
+    return {k: (NormGradsNotSummed() if v == "sequence_parallel" else v) for k, v in plan.items()}
+
+
+def times_tolerance(got, want):
+    """How many times ``assert_close``'s float32 tolerance (atol 1e-5, rtol 1.3e-6) the worst element misses by."""
+    return ((got - want).abs() / (1e-5 + 1.3e-6 * want.abs())).max().item()
+
+
 def run_all():
     torch.manual_seed(0)
     out = {"layers": layers_alone()}
     out["step"] = {(m, sp): one_step(m, sp) for m in MODELS for sp in (False, True)}
     out["bug"] = one_step("gpt2", False, with_bug)
+    out["sp_bug"] = one_step("gpt2", True, without_norm_sums)
     out["train"] = {c: train_lm(*c) for c in TRAIN}
     out["records"] = {m: records_vs_dtensor(m) for m in ("gpt2", "llama-gqa")}
     return out
@@ -276,6 +294,19 @@ def test_a_planted_bias_bug_is_caught(ranks, refs):
     _, per_rank = ranks
     with pytest.raises(AssertionError):
         assert_close(per_rank[0]["bug"]["logits"], refs[0]["gpt2"]["logits"])
+
+
+def test_a_planted_sequence_parallel_bug_is_caught_by_gradients_not_losses(ranks, refs):
+    """Norm gradients left unsummed under SP: the loss and logits agree, the gradients miss by far."""
+    _, per_rank = ranks
+    got, ref = per_rank[0]["sp_bug"], refs[0]["gpt2"]
+    assert_close(torch.tensor(got["loss"]), torch.tensor(ref["loss"]))  # what a loss-only check would see
+    assert_close(got["logits"], ref["logits"])
+    margin = {k: times_tolerance(got["grads"][k], g) for k, g in ref["grads"].items()}
+    worst = max(margin, key=margin.get)
+    off = (got["grads"][worst] - ref["grads"][worst]).abs().max() / ref["grads"][worst].abs().max()
+    # here (tiny sizes) some 20 times assert_close's tolerance; in chapter 05's setting 120 to 190 times
+    assert "ln_" in worst and margin[worst] > 10 and off > 0.5, (worst, margin[worst], off)
 
 
 def test_kv_heads_split_or_replicated(ranks):
@@ -424,8 +455,8 @@ def _all_reduce_with_summing_backward(layer, x):
     return dist_nn.all_reduce(F.linear(x, layer.weight)) + layer.bias
 
 
-def _correct(layer, x):  # a right answer: the package's code, run as the learner's function
-    return tp.RowParallelLinear.forward(layer, x)
+def _correct(layer, x):  # a right answer, written from the package's operators
+    return tp.reduce_from_tp(F.linear(x, layer.weight), layer.comm) + layer.bias
 
 
 def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
@@ -449,14 +480,18 @@ def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
 
 
 def test_collectives_exercise_passes_the_reference_and_names_the_boundary():
-    from parlab.exercises import (
-        ExerciseFailed,
-        check_tp_collectives,
-        reference_tp_collectives,
-    )
+    from parlab.exercises import ExerciseFailed, check_tp_collectives
+    from parlab.exercises.ch05 import _reference_tp_collectives as reference_tp_collectives
+
+    def chain_ops(splits):  # the answer, worked out: what each rank holds against what comes next needs
+        held = ["whole"] + [{"column": "split", "row": "partial"}[s] for s in splits]
+        needs = [{"column": "whole", "row": "split"}[s] for s in splits] + ["whole"]
+        return [{("whole", "whole"): "none", ("whole", "split"): "split", ("split", "whole"): "all_gather",
+                 ("split", "split"): "none", ("partial", "whole"): "all_reduce",
+                 ("partial", "split"): "reduce_scatter"}[h, n] for h, n in zip(held, needs)]
 
     assert reference_tp_collectives(["column", "row"]) == ["none", "none", "all_reduce"]  # the chapter's case
-    assert "all 8 chains" in repr(check_tp_collectives(reference_tp_collectives))
+    assert "all 8 chains" in repr(check_tp_collectives(chain_ops))
 
     def always_all_reduce_after_row(splits):  # forgets that a row layer may feed another row layer
         return ["none" if s == "column" else "split" for s in splits[:1]] + [

@@ -6,7 +6,10 @@ The model is a stack of residual MLP blocks (``parlab.models.tiny_blocks``), ``b
 per rank, cut into ``p·v`` stages, so that every schedule, interleaved or not, gives each rank the same
 work. :func:`record` runs on every rank: for each requested run it builds the stages, takes one untimed
 step, then ``steps`` recorded ones, and keeps the step that took least time (the one a busy machine
-disturbed least).
+disturbed least); every step's events are kept too, so that a chapter can show the spread over steps.
+:func:`recorded_bubbles` gives a run's bubble at each recorded step.
+:func:`gpt2_step` runs one step of a tiny GPT-2 cut by layers under our executor or PyTorch's, for the
+chapter's parity check; :func:`traffic` is the chapter's model of what DDP, TP and PP send per step.
 """
 
 from __future__ import annotations
@@ -89,12 +92,13 @@ def record(runs: list[tuple], cfg: dict, steps: int = 3) -> list[dict]:
     our interleaved schedule) → this rank's recorded step: ``events`` (its operations), ``seconds`` (the
     step), ``peak`` bytes of activations held and ``per_micro_batch`` (activations one micro-batch leaves
     on this rank's stages, measured alone), ``memory`` (time, bytes) samples, ``messages`` (op, bytes) and
-    the ``losses`` on the last stage."""
+    the ``losses`` on the last stage, all of them from the fastest step; ``rounds``: every recorded step's events (their spread).
+    """
     out = []
     for run in runs:
         step, modules, mine, log = _setup(run, cfg)
         step()  # untimed: first-call costs (allocations, PyTorch's shape exchange) stay out of the record
-        best = None
+        best, rounds = None, []
         for _ in range(steps):
             for module in modules:
                 module.zero_grad(set_to_none=True)
@@ -102,6 +106,7 @@ def record(runs: list[tuple], cfg: dict, steps: int = 3) -> list[dict]:
             losses = step(timeline, tracker)
             seconds = max(e.end for e in timeline.events) - min(e.start for e in timeline.events)
             seconds = _slowest(seconds)
+            rounds.append(timeline.events)
             if best is None or seconds < best["seconds"]:
                 best = {"events": timeline.events, "seconds": seconds, "peak": tracker.peak,
                         "memory": [(t - timeline.zero, b) for t, b in tracker.samples],
@@ -110,7 +115,7 @@ def record(runs: list[tuple], cfg: dict, steps: int = 3) -> list[dict]:
         b = cfg["batch"] // run[2]
         x = torch.randn(b, cfg["hidden"], device=parlab.device())
         best["per_micro_batch"] = sum(measure_activations(module, x) for module in modules)
-        best["run"], best["stages"] = run, mine
+        best["run"], best["stages"], best["rounds"] = run, mine, rounds
         best["pipeline_order"] = getattr(step, "pipeline_order", None)
         out.append(best)
     return out
@@ -175,3 +180,103 @@ def plot(result: dict, title: str):
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def recorded_bubbles(results, i: int) -> list[float]:
+    """Run ``i`` of a :func:`record` launch (``results``: every rank's): the bubble of each recorded step."""
+    from parlab.measure import merge
+
+    steps = len(results[0][i]["rounds"])
+    return [ps.bubble_fraction(merge(r[i]["rounds"][k] for r in results)) for k in range(steps)]
+
+
+# -- chapter 06: a tiny GPT-2 cut by layers, one step under our executor or PyTorch's ----------------------
+
+GPT2 = dict(seq=32, vocab=128, embd=64, batch=8, m=4)  # the parity check's tiny GPT-2 and its batch
+
+
+def _gpt2(num_layers: int):
+    from parlab.models import tiny_gpt2
+
+    return tiny_gpt2(n_layer=num_layers, n_embd=GPT2["embd"], n_head=2, vocab_size=GPT2["vocab"],
+                     n_positions=GPT2["seq"], seed=0, tie_word_embeddings=False)
+
+
+def _gpt2_tokens():
+    from parlab.models import token_batch
+
+    return token_batch(GPT2["batch"], GPT2["seq"], GPT2["vocab"], seed=1)  # (batch, seq)
+
+
+def gpt2_step(who: str, name: str) -> dict:
+    """On every rank: one training step of a tiny GPT-2 with 2p layers under schedule ``name`` (``"gpipe"``,
+    ``"1f1b"``, ``"interleaved"``, v = 2), run by ``who``: ``"ours"`` or ``"torch"`` → this rank's
+    ``losses`` (last stage), ``messages`` (op, bytes; ours only) and ``grads`` by stage."""
+    from parlab.parallel.pipeline import causal_lm_loss, split_gpt2
+
+    p, m = parlab.world_size(), GPT2["m"]
+    schedule = ps.make(name, p, m, v=2)
+    stages = split_gpt2(_gpt2(2 * p), schedule.num_stages)  # same cut everywhere; keep our own
+    tokens = _gpt2_tokens().to(parlab.device())
+    mine = schedule.stages_of(parlab.rank())
+    first, last = 0 in mine, schedule.num_stages - 1 in mine
+    log = CommLog()
+    if who == "ours":
+        pipe = Pipeline([stages[s].to(parlab.device()) for s in mine], schedule, loss_fn=causal_lm_loss,
+                        activation_shape=(GPT2["batch"] // m, GPT2["seq"], GPT2["embd"]), on_collective=log)
+        losses = pipe.step(tokens if first else None, tokens if last else None)
+    else:
+        import torch.distributed.pipelining as pipelining
+
+        stage = [pipelining.PipelineStage(stages[s].to(parlab.device()), s, schedule.num_stages, parlab.device())
+                 for s in mine]
+        run = getattr(pipelining, TORCH_SCHEDULES[name])(stage if len(mine) > 1 else stage[0], m,
+                                                         loss_fn=causal_lm_loss)
+        losses = []
+        run.step(*((tokens,) if first else ()), **({"target": tokens, "losses": losses} if last else {}))
+    return {"losses": [v.detach().cpu() for v in losses], "messages": [(r.op, r.bytes) for r in log.records],
+            "grads": {s: [q.grad.cpu() for q in stages[s].parameters()] for s in mine}}
+
+
+def gpt2_single(num_layers: int, num_stages: int):
+    """One process: the loss of the whole batch and every gradient, grouped by the stages of the same cut."""
+    from parlab.parallel.pipeline import split_gpt2
+
+    model, tokens = _gpt2(num_layers), _gpt2_tokens()
+    loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    return loss.detach(), {s: [q.grad for q in st.parameters()] for s, st in enumerate(split_gpt2(model, num_stages))}
+
+
+# -- chapter 06: what DDP, TP and PP send per step, a model ------------------------------------------------
+
+def traffic(config, n: int, batch: int, seq: int, m: int, value_bytes: int = 2) -> dict:
+    """(messages, bytes) the busiest of ``n`` ranks sends per step for ``config`` (a transformers config):
+    DDP's bucketed ring all-reduces of the gradients (``planner.ddp_buckets``), Megatron TP's four ring
+    all-reduces of (batch, seq, hidden) per layer (the heads must split ``n`` ways), and a pipeline's ``m``
+    activations forward and ``m`` gradients backward of (batch/m, seq, hidden). Values of ``value_bytes``."""
+    from parlab import planner
+
+    h, layers = config.hidden_size, config.num_hidden_layers
+    if config.num_attention_heads % n:
+        raise ValueError(f"{config.num_attention_heads} attention heads do not split over {n} tensor-parallel ranks")
+    buckets = planner.ddp_buckets(config, value_bytes=value_bytes)
+    act = batch * seq * h * value_bytes
+    return {"DDP": (len(buckets) * 2 * (n - 1), sum(2 * (n - 1) * b / n for b in buckets)),
+            "TP": (4 * layers * 2 * (n - 1), 4 * layers * 2 * (n - 1) * act / n),
+            "PP": (2 * m, 2 * m * (batch // m) * seq * h * value_bytes)}
+
+
+def traffic_seconds(config, what: str, link, n: int, batch: int, seq: int, m: int, value_bytes: int = 2) -> float:
+    """The α-β time of :func:`traffic`'s ``what`` on ``link`` (a ``planner.Link``): the planner's collectives
+    on a ring of ``n`` ranks, communication only."""
+    from parlab import planner
+
+    costs = planner.ring_costs(link, n)
+    h, layers = config.hidden_size, config.num_hidden_layers
+    if what == "DDP":
+        return sum(planner.collective_seconds("all_reduce", b, costs)
+                   for b in planner.ddp_buckets(config, value_bytes=value_bytes))
+    if what == "TP":
+        return 4 * layers * planner.collective_seconds("all_reduce", batch * seq * h * value_bytes, costs)
+    return 2 * m * planner.collective_seconds("send", batch // m * seq * h * value_bytes, costs)

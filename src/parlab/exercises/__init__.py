@@ -1,51 +1,51 @@
 """Checks for the learner's exercises, by chapter; ``core`` is the checker they all use.
 
-- ``core``: :func:`check_ranks` (a function on N ranks against a reference), :func:`check_function`
-  (plain functions over cases), :func:`first_difference`, :class:`Passed`, :class:`ExerciseFailed`.
+- ``core``: :func:`check_ranks`, :func:`check_function`, :func:`check_choice` (a function on N ranks against
+  a reference; plain functions over cases; a choice), :func:`first_difference`, :func:`without`,
+  :class:`Passed`, :class:`ExerciseFailed`.
 - ``ch00``: :func:`check_my_slice`, :func:`check_hang_prediction`.
-- ``ch01``: :func:`check_gated_mlp_bytes` (against a measurement), :func:`check_activation_scaling`,
-  :func:`check_max_params`, :func:`check_largest_models`.
-- ``ch02``: :func:`check_recursive_doubling`, :func:`check_crossover_bytes`, :func:`check_choice` (a "think"
-  question), :func:`check_send_buffer`, :func:`check_below_crossover`.
-- ``ch03``: :func:`check_weighted_average`, :func:`check_ddp_buckets` (against PyTorch's DDP),
-  :func:`check_early_buckets`.
+- ``ch01``: :func:`check_gated_mlp_bytes`, :func:`check_activation_scaling`, :func:`check_max_params`,
+  :func:`check_largest_models`.
+- ``ch02``: :func:`check_recursive_doubling`, :func:`check_crossover_bytes`, :func:`check_send_buffer`,
+  :func:`check_below_crossover`.
+- ``ch03``: :func:`check_weighted_average`, :func:`check_ddp_buckets`, :func:`check_early_buckets`.
 - ``ch04``: :func:`check_reduce_to_owners`, :func:`check_peak_gathered`, :func:`check_accumulation_volume`,
   :func:`check_keep_gathered`.
-
-- ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`.
-- ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`, :func:`check_peak_activations`.
+- ``ch05``: :func:`check_row_parallel_forward`, :func:`check_tp_collectives`, :func:`check_sp_costs`.
+- ``ch06``: :func:`check_one_f_one_b_order`, :func:`check_smallest_micro_batches`,
+  :func:`check_peak_activations`, :func:`check_message_cost`, :func:`check_interleave_tradeoff`.
 - ``ch07``: :func:`check_group_ranks`, :func:`check_model_states`, :func:`check_layout_choice`.
-- ``ch08``: :func:`check_sharded_training` (FSDP2 and a sharded checkpoint, resumed at another world size).
+- ``ch08``: :func:`check_sharded_training`.
 - ``ch09``: :func:`check_online_softmax_combine`, :func:`check_received`.
 
 Each check passes the reference answer and fails a planted wrong one with a precise message
 (``tests/test_exercises.py``). The chapters do not contain the answers; their solutions sit in collapsed
-cells that nothing executes. A new chapter adds its own module here and one import line below.
+``solution`` cells that only define them. A new chapter adds its own module here and one import line below.
 """
 
 from parlab.exercises.ch00 import check_hang_prediction, check_my_slice
 from parlab.exercises.ch01 import (check_activation_scaling, check_gated_mlp_bytes, check_largest_models,
                                    check_max_params)
-from parlab.exercises.ch02 import (check_below_crossover, check_choice, check_crossover_bytes, check_recursive_doubling,
-                                  check_send_buffer)
+from parlab.exercises.ch02 import (check_below_crossover, check_crossover_bytes, check_recursive_doubling,
+                                   check_send_buffer)
 from parlab.exercises.ch03 import check_ddp_buckets, check_early_buckets, check_weighted_average
 from parlab.exercises.ch04 import (check_accumulation_volume, check_keep_gathered, check_peak_gathered,
-                                  check_reduce_to_owners)
-
-from parlab.exercises.ch05 import check_row_parallel_forward, check_tp_collectives, reference_tp_collectives
-from parlab.exercises.ch06 import check_one_f_one_b_order, check_peak_activations, check_smallest_micro_batches
+                                   check_reduce_to_owners)
+from parlab.exercises.ch05 import check_row_parallel_forward, check_sp_costs, check_tp_collectives
+from parlab.exercises.ch06 import (check_interleave_tradeoff, check_message_cost, check_one_f_one_b_order,
+                                   check_peak_activations, check_smallest_micro_batches)
 from parlab.exercises.ch07 import check_group_ranks, check_layout_choice, check_model_states
 from parlab.exercises.ch08 import check_sharded_training
 from parlab.exercises.ch09 import check_online_softmax_combine, check_received
-from parlab.exercises.core import ExerciseFailed, Passed, check_function, check_ranks, first_difference
+from parlab.exercises.core import ExerciseFailed, Passed, check_choice, check_function, check_ranks, first_difference
 
-__all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference", "check_my_slice",
-           "check_hang_prediction", "check_gated_mlp_bytes", "check_max_params", "check_activation_scaling",
-           "check_largest_models", "check_recursive_doubling", "check_crossover_bytes",
-           "check_weighted_average", "check_ddp_buckets", "check_reduce_to_owners", "check_peak_gathered",
-           "check_accumulation_volume", "check_keep_gathered", "check_choice", "check_send_buffer",
-           "check_below_crossover", "check_early_buckets", "check_row_parallel_forward",
-           "check_tp_collectives", "reference_tp_collectives", "check_one_f_one_b_order",
-           "check_peak_activations", "check_smallest_micro_batches", "check_group_ranks",
-           "check_model_states", "check_layout_choice", "check_sharded_training",
-           "check_online_softmax_combine", "check_received"]
+__all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference", "check_choice",
+           "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_activation_scaling",
+           "check_max_params", "check_largest_models", "check_recursive_doubling", "check_crossover_bytes",
+           "check_send_buffer", "check_below_crossover", "check_weighted_average", "check_ddp_buckets",
+           "check_early_buckets", "check_reduce_to_owners", "check_peak_gathered",
+           "check_accumulation_volume", "check_keep_gathered", "check_row_parallel_forward",
+           "check_tp_collectives", "check_sp_costs", "check_one_f_one_b_order",
+           "check_smallest_micro_batches", "check_peak_activations", "check_message_cost",
+           "check_interleave_tradeoff", "check_group_ranks", "check_model_states", "check_layout_choice",
+           "check_sharded_training", "check_online_softmax_combine", "check_received"]

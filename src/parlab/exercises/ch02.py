@@ -1,5 +1,5 @@
 """Chapter 02's exercises: all-reduce by recursive doubling, built from point-to-point messages, and when
-it beats the ring under the α-β model; the "think" questions beside them are checked by :func:`check_choice`.
+it beats the ring under the α-β model; the "think" questions beside them are checked by :func:`parlab.exercises.core.check_choice`.
 
 The checks draw fresh inputs on every call, so a number printed by a failed check cannot be copied into a
 passing answer."""
@@ -12,7 +12,7 @@ import random
 import torch
 import torch.distributed as dist
 
-from parlab.exercises.core import ExerciseFailed, Passed, _name, check_function, check_ranks
+from parlab.exercises.core import ExerciseFailed, Passed, _name, check_choice, check_function, check_ranks
 
 
 def check_recursive_doubling(fn, world_size: int = 4, numel: int = 12, timeout: float = 30) -> Passed:
@@ -64,16 +64,6 @@ def check_crossover_bytes(fn) -> Passed:
     return check_function(fn, _crossover_bytes, cases)
 
 
-def check_choice(answer, options: dict, right: str, question: str) -> Passed:
-    """A "think" question: ``answer`` must be the key of the right one of ``options`` (key → text). A wrong
-    answer hears why it is wrong (the text of its option says so), not which one is right."""
-    if answer not in options:
-        raise ExerciseFailed(f"{question}: answer with one of {', '.join(map(repr, options))}; got {answer!r}")
-    if answer != right:
-        raise ExerciseFailed(f"{question}: not {answer!r}. {options[answer][1]}")
-    return Passed(f"{question}: {options[answer][0]}")
-
-
 #: Exercise 1's question: why the buffer sent must not be the one added into. key → (option, feedback).
 SEND_BUFFER = {
     "a": ("isend may still be reading the buffer when you add into it, so the partner could receive "
@@ -94,9 +84,9 @@ BELOW_CROSSOVER = {
 
 def check_send_buffer(answer) -> Passed:
     """Chapter 02, exercise 1: why must the buffer you send not be the one you add into?"""
-    return check_choice(answer, SEND_BUFFER, "a", "Why send a copy")
+    return check_choice("Why send a copy", answer, SEND_BUFFER, "a")
 
 
 def check_below_crossover(answer) -> Passed:
     """Chapter 02, exercise 2: which algorithm wins for buffers smaller than the crossover?"""
-    return check_choice(answer, BELOW_CROSSOVER, "recursive doubling", "Below the crossover")
+    return check_choice("Below the crossover", answer, BELOW_CROSSOVER, "recursive doubling")

@@ -1,15 +1,18 @@
-"""Chapter 05's exercises: a row-parallel layer's forward, run on ranks against the dense layer; and where
-the collectives go in a chain of column- and row-parallel layers, checked boundary by boundary."""
+"""Chapter 05's exercises: a row-parallel layer's forward, run on ranks against the dense layer (the package's
+own forward refused while the learner's runs); where the collectives go in a chain of column- and
+row-parallel layers, checked boundary by boundary; and sequence parallelism's costs, a number and two
+choices."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import torch
 import torch.nn.functional as F
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, check_choice, without
 
 IN, OUT, BATCH = 12, 6, 5
 
@@ -25,12 +28,11 @@ def _row_parallel_on_rank(fn) -> dict:
         dense.bias.copy_(torch.randn(OUT, generator=g))  # not zero: a bias added t times must show
     x = torch.randn(BATCH, IN, generator=g)
     layer = RowParallelLinear(dense)
-    # the exercise is this forward: calling the layer itself (its own forward) does not count
-    layer.forward = _package_forward
     cols = layer.shards["weight"][1]
     mine = x[:, cols].clone().requires_grad_()  # (batch, in / t): this rank's features
     try:
-        with record_comm() as log:
+        # the exercise is this forward: the package's own (the layer called, or its class's forward) refused
+        with record_comm() as log, without(RowParallelLinear, ("forward",), PACKAGE_FORWARD):
             y = fn(layer, mine)
     except NotImplementedError:
         return {"problem": "row_parallel_forward is not written yet (it raises NotImplementedError)"}
@@ -58,9 +60,18 @@ def _row_parallel_on_rank(fn) -> dict:
     return out
 
 
-def _package_forward(*args, **kwargs):
-    raise ExerciseFailed("row_parallel_forward called the layer's own forward (the package's answer): write "
-                         "it from layer.weight, layer.bias and layer.comm")
+PACKAGE_FORWARD = ("row_parallel_forward called the layer's own forward (the package's answer): write it from "
+                   "layer.weight, layer.bias and layer.comm")
+
+
+def _holds(fn, target) -> bool:
+    """Whether ``fn`` carries ``target`` with it: as a default argument, in its closure, or as a global name
+    its code reads (bound before the check could refuse it)."""
+    held = list(getattr(fn, "__defaults__", None) or ()) + list((getattr(fn, "__kwdefaults__", None) or {}).values())
+    held += [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if c.cell_contents is not None]
+    code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    held += [names[n] for n in (code.co_names if code else ()) if n in names]
+    return any(h is target for h in held)
 
 
 def _diagnose(r: dict, t: int) -> str | None:
@@ -108,7 +119,7 @@ def check_row_parallel_forward(fn, world_size: int = 2) -> Passed:
         raise ValueError(f"world_size must be an int >= 2 dividing {IN}; got {world_size!r}")
     from parlab.parallel.tensor import RowParallelLinear
 
-    if fn is RowParallelLinear.forward:
+    if fn is RowParallelLinear.forward or _holds(fn, RowParallelLinear.forward):
         raise ExerciseFailed("that is the package's own RowParallelLinear.forward: the exercise is to write it")
     per_rank = parlab.launch(_row_parallel_on_rank, world_size=world_size, args=(fn,), announce=False, output="all")
     for rank, r in enumerate(per_rank):
@@ -121,6 +132,8 @@ def check_row_parallel_forward(fn, world_size: int = 2) -> Passed:
 
 # -- where do the collectives go? -------------------------------------------------------------------------
 
+COPIED = "tp_collectives called the check's own reference: work out what each rank holds at each boundary"
+
 NEEDS = {"column": "whole", "row": "split"}  # what each layer needs on every rank
 GIVES = {"column": "split", "row": "partial"}  # what it leaves there
 OPS = ("none", "split", "all_gather", "all_reduce", "reduce_scatter")
@@ -130,7 +143,7 @@ _MOVE = {  # (what a rank holds, what comes next needs) -> the op in forward
 }
 
 
-def reference_tp_collectives(splits: list[str]) -> list[str]:
+def _reference_tp_collectives(splits: list[str]) -> list[str]:
     """The op at each boundary of a chain of tensor-parallel linear layers (elementwise activations
     between them): before the first, between each pair, after the last (whose output must be whole)."""
     return [_MOVE[held, need] for held, need in _states(splits)]
@@ -151,10 +164,13 @@ def check_tp_collectives(fn) -> Passed:
     boundary (len(splits) + 1 of them), each one of ``OPS``."""
     if not callable(fn):
         raise TypeError(f"fn must be a function tp_collectives(splits); got {type(fn).__name__}")
+    if fn is _reference_tp_collectives or _holds(fn, _reference_tp_collectives):
+        raise ExerciseFailed(COPIED)
     for splits in CASES:
-        want = reference_tp_collectives(splits)
+        want = _reference_tp_collectives(splits)
         try:
-            got = fn(list(splits))
+            with without(sys.modules[__name__], ("_reference_tp_collectives",), COPIED):
+                got = fn(list(splits))
         except NotImplementedError:
             raise ExerciseFailed("tp_collectives is not written yet (it raises NotImplementedError)") from None
         if not isinstance(got, (list, tuple)) or len(got) != len(want):
@@ -171,3 +187,51 @@ def check_tp_collectives(fn) -> Passed:
                 raise ExerciseFailed(f"tp_collectives({splits}): {where} you said {g!r}, but there each rank holds "
                                      f"{holds[held]} and what follows needs {holds[need]}")
     return Passed(f"tp_collectives agrees with the reference on all {len(CASES)} chains")
+
+
+# -- think: what sequence parallelism costs and why ----------------------------------------------------------
+
+#: (b) why, under sequence parallelism, a LayerNorm's weight gradients are summed over the ranks
+NORM_CHOICES = {
+    "a": "the LayerNorm's weights are split across the ranks, so each holds a slice of the gradient",
+    "b": "each rank's LayerNorm sees only its s/t tokens, so its gradient is a partial sum over the tokens",
+    "c": "the all-gather before the column-parallel layer changes the LayerNorm's gradient",
+}
+#: (c) why transformers' literal plan (one f per projection) sends no more all-reduces forward
+LITERAL_CHOICES = {
+    "a": "f is the identity forward: its all-reduce runs only in backward",
+    "b": "PyTorch fuses the separate f's of Q, K and V into one all-reduce forward",
+    "c": "the literal plan splits Q, K and V by rows, which needs no forward all-reduce",
+}
+
+
+def _recompute_answer(batch, seq_len, hidden, tp_size):
+    per_input = batch * seq_len * hidden * 4  # fp32
+    return 2 * per_input * (tp_size - 1) // tp_size, 2
+
+
+def check_sp_costs(saved_and_gathers, norms: str, literal: str) -> Passed:
+    """Chapter 05, exercise 3. ``saved_and_gathers(batch, seq_len, hidden, tp_size)`` → (bytes of activations
+    per GPT-2 layer and rank that Megatron saves by keeping only its sequence chunk of the column-parallel
+    layers' gathered inputs (fp32), all-gathers that adds per layer in backward); ``norms`` and ``literal``:
+    the letters of :data:`NORM_CHOICES` and :data:`LITERAL_CHOICES` that answer (b) and (c)."""
+    if not callable(saved_and_gathers):
+        raise TypeError("saved_and_gathers must be a function (batch, seq_len, hidden, tp_size) -> (bytes, count)")
+    for case in ({"batch": 4, "seq_len": 32, "hidden": 64, "tp_size": 4}, {"batch": 2, "seq_len": 48, "hidden": 96,
+                                                                             "tp_size": 2},
+                 {"batch": 1, "seq_len": 4096, "hidden": 8192, "tp_size": 8}):
+        want, got = _recompute_answer(**case), _call(saved_and_gathers, **case)
+        args = ", ".join(f"{k}={v}" for k, v in case.items())
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}) returned {got!r:.60}: return (bytes, all-gathers)")
+        if got[0] != want[0]:
+            hint = (" (that is one input; GPT-2's layer has two column-parallel inputs: c_attn's and c_fc's)"
+                    if got[0] * 2 == want[0] else " (each rank keeps s/t of the tokens: it saves (t − 1)/t of each)"
+                    if got[0] == want[0] * case["tp_size"] // (case["tp_size"] - 1) else "")
+            raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}): {got[0]!r} bytes saved; expected {want[0]:,}{hint}")
+        if got[1] != want[1]:
+            raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}): {got[1]!r} all-gathers added per layer; each "
+                                 f"gathered input is gathered again once in backward: expected {want[1]}")
+    check_choice("(b) norms", norms, NORM_CHOICES, "b")
+    check_choice("(c) literal", literal, LITERAL_CHOICES, "a")
+    return Passed("sequence parallelism's costs: the bytes saved, the all-gathers added, and both reasons")

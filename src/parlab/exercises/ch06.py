@@ -1,11 +1,13 @@
 """Chapter 06's exercises: pipeline schedules, their bubble and their memory, checked against the package's
-schedules (``parlab.parallel.pipeline_schedule``) over many settings, naming the first difference."""
+schedules (``parlab.parallel.pipeline_schedule``) over many settings, naming the first difference; and two
+"think" questions, checked by the simulator's numbers and a choice (what messages cost, how far to
+interleave)."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, without
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, check_choice, without
 
 SCHEDULE_BUILDERS = ("naive", "gpipe", "one_f_one_b", "interleaved_1f1b", "make")
 
@@ -92,3 +94,50 @@ def check_peak_activations(fn) -> Passed:
         if got != expected:
             raise ExerciseFailed(f"{_name(fn)}({' '.join(ops)}): expected {expected}, got {got!r:.40}")
     return Passed(f"{_name(fn)} agrees on all {len(cases)} operation lists")
+
+
+# -- think: what messages and interleaving cost (checked through the simulator's numbers) -----------------
+
+#: exercise 4: why a recorded bubble at large m exceeds the simulated one on this machine
+MESSAGE_CHOICES = {
+    "a": "each message costs a fixed time (chapter 02's α) while the operations shrink as m grows",
+    "b": "more micro-batches mean more activations to hold, and memory is slow",
+    "c": "the formula (p − 1)/(m + p − 1) is wrong for large m",
+}
+#: exercise 5: where to stop raising v
+INTERLEAVE_CHOICES = {
+    "a": "when the bubble saved is smaller than the time of the extra messages (v·p − 1 boundaries per micro-batch)",
+    "b": "never: a larger v always gives a shorter step",
+    "c": "at v = 2, because PyTorch supports no more",
+}
+
+
+def _near(what, got, want, tol=0.005):
+    if not isinstance(got, (int, float)) or abs(got - want) > tol:
+        raise ExerciseFailed(f"{what}: {got!r:.40} is not what the simulator gives (within {tol}); run ps.simulate "
+                             f"with those settings and read ps.bubble_fraction")
+
+
+def check_message_cost(bubble_comm_1: float, why: str) -> Passed:
+    """Exercise 4: the simulated bubble of 1F1B at p = 4, m = 8, F = 1, B = 2 when every message between ranks
+    takes as long as a forward (``comm=1``), and the letter of :data:`MESSAGE_CHOICES` that answers why."""
+    from parlab.parallel import pipeline_schedule as ps
+
+    _near("the bubble with comm=1", bubble_comm_1, ps.bubble_fraction(ps.simulate(ps.one_f_one_b(4, 8), comm=1)))
+    check_choice("why", why, MESSAGE_CHOICES, "a")
+    return Passed("messages that cost a forward each: the simulated bubble, and why small micro-batches pay")
+
+
+def check_interleave_tradeoff(bubble_v2: float, bubble_v4: float, peak_v2: int, peak_v4: int, stop: str) -> Passed:
+    """Exercise 5: interleaved 1F1B at p = 4, m = 8 with v = 2 and v = 4: the simulated bubbles, rank 0's peak
+    of (stage, micro-batch) activations held (each 1/v of a rank's layers), and where to stop
+    (:data:`INTERLEAVE_CHOICES`)."""
+    from parlab.parallel import pipeline_schedule as ps
+
+    for v, bubble, peak in ((2, bubble_v2, peak_v2), (4, bubble_v4, peak_v4)):
+        schedule = ps.interleaved_1f1b(4, 8, v)
+        _near(f"the bubble at v={v}", bubble, ps.bubble_fraction(ps.simulate(schedule)))
+        if peak != ps.peak_in_flight(schedule)[0]:
+            raise ExerciseFailed(f"rank 0's peak at v={v}: {peak!r:.20} is not the simulator's (the widget prints it)")
+    check_choice("where to stop", stop, INTERLEAVE_CHOICES, "a")
+    return Passed("interleaving: the bubble shrinks with v, rank 0 holds more stages' activations, and messages set the limit")

@@ -104,6 +104,18 @@ def without(owner, names, why: str):
             setattr(owner, name, value)
 
 
+def check_choice(what: str, letter, choices: dict, right: str) -> Passed:
+    """A "think" question answered by a key of ``choices``: fails, naming ``what``, unless ``letter`` is
+    ``right``. A choice's value is its text, or ``(text, feedback)``: a wrong answer then hears why it is
+    wrong (its feedback), never which one is right."""
+    if letter not in choices:
+        raise ExerciseFailed(f"{what}: {letter!r} is not one of {sorted(choices)}")
+    text, feedback = choices[letter] if isinstance(choices[letter], tuple) else (choices[letter], "")
+    if letter != right:
+        raise ExerciseFailed(f"{what}: {letter!r} ({text}) is not why; " + (feedback or "think again"))
+    return Passed(f"{what}: {text}")
+
+
 def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, timeout: float = 30,
                 atol: float = 1e-5, rtol: float = 1e-5, _record: bool = False):
     """Run ``fn`` and ``reference`` on ``world_size`` ranks; pass if every rank's result matches."""

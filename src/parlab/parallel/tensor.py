@@ -318,8 +318,9 @@ def kv_heads_layout(num_heads: int, num_kv_heads: int, tp_size: int) -> str:
     num_kv_heads). If ``num_kv_heads`` divides by ``tp_size`` the KV heads split like the queries, and each
     rank's query heads read only its own KV heads: no extra communication. If there are fewer KV heads than
     ranks (``tp_size`` a multiple of ``num_kv_heads``), a head cannot be cut (its dot products need all its
-    dimensions), so each rank keeps a copy of the one KV head its queries read: the K/V projections are
-    replicated (they are small: that is the point of GQA) and their gradients summed over the ranks.
+    dimensions), so the K/V projections are replicated: every rank keeps their whole weights (they are
+    small: that is the point of GQA), computes only the one KV head its queries read, and the weights'
+    gradients are summed over the ranks (``tensor_plan.ReplicatedHeads``).
     Anything else would give ranks unequal work and is refused.
     """
     _divide("num_heads", num_heads, tp_size)

@@ -258,3 +258,62 @@ def train(model: nn.Module, batches, how: str = "single", group=None, lr: float 
         opt.step()
         opt.zero_grad()
     return losses
+
+
+def as_counted(model: nn.Module) -> nn.Module:
+    """GPT-2 as Korthikanti et al. (2022, §4) count its activations (chapter 01's convention): eager attention,
+    so that the a·s² scores per head are stored, and exact GeLU."""
+    from transformers.activations import ACT2FN
+
+    model.config._attn_implementation = "eager"
+    for block in model.transformer.h:
+        block.mlp.act = ACT2FN["gelu"]
+    return model
+
+
+class WithLoss(nn.Module):
+    """forward(ids) = the model's next-token loss (vocabulary-parallel when ``parallel``): what the loss keeps
+    for backward is counted with the model's activations."""
+
+    def __init__(self, model: nn.Module, parallel: bool):
+        super().__init__()
+        self.model, self.parallel = model, parallel
+
+    def forward(self, ids):
+        logits = self.model(input_ids=ids).logits[:, :-1]
+        if self.parallel:
+            return vocab_parallel_cross_entropy(logits, ids[:, 1:])
+        return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+
+
+def activation_bytes(model: nn.Module, ids, tp_size: int = 1, sequence_parallel: bool = False) -> int:
+    """Bytes autograd saves for backward in one forward of ``model`` and its loss, on this rank: the model
+    whole (``tp_size=1``) or split by :func:`scratch_plan` (run on every rank of the group)."""
+    from parlab.measure import measure_activations
+
+    if tp_size > 1:
+        parallelize(model, scratch_plan(model, tp_size, sequence_parallel), sequence_parallel=sequence_parallel)
+        localize_heads(model, tp_size)
+    return measure_activations(WithLoss(model, tp_size > 1), ids)
+
+
+def recorded_step(model: nn.Module, ids, sequence_parallel: bool = False, plan: dict | None = None) -> dict:
+    """One forward and backward of ``model`` split over every rank by ``plan`` (default :func:`scratch_plan`),
+    with the vocabulary-parallel loss: ``loss``, the whole ``logits`` (gathered, for checks), every gradient
+    whole (``grads``, by the dense model's names) and the ``records`` of every collective. Run on every rank."""
+    import torch.distributed as dist
+
+    from parlab.measure import CommLog
+    from parlab.parallel.tensor_plan import dense_state
+
+    log, n = CommLog(), dist.get_world_size()
+    parallelize(model, plan or scratch_plan(model, n, sequence_parallel), sequence_parallel=sequence_parallel,
+                on_collective=log)
+    localize_heads(model, n)
+    logits = model(input_ids=ids).logits  # (b, s, vocab / t): this rank's slice of the vocabulary
+    loss = vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:], on_collective=log)
+    loss.backward()
+    whole = [torch.empty_like(logits) for _ in range(n)]
+    dist.all_gather(whole, logits.detach().contiguous())  # for the check only
+    return {"loss": loss.item(), "logits": torch.cat(whole, -1), "grads": dense_state(model, grads=True),
+            "records": list(log.records)}

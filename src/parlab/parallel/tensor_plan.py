@@ -63,8 +63,9 @@ class Rowwise:
 
 @dataclass(frozen=True)
 class ReplicatedHeads:
-    """A K or V projection whose heads are fewer than the ranks: kept whole; each rank computes the heads
-    its query heads read (see :func:`kv_heads_layout`)."""
+    """A K or V projection whose heads are fewer than the ranks: its whole weight kept on every rank (its
+    gradient summed over ranks); each rank computes only the one KV head its query heads read (see
+    :func:`kv_heads_layout`)."""
 
     num_heads: int
     num_kv_heads: int

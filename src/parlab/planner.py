@@ -2,10 +2,11 @@
 layout (chapter 07; chapters 04, 05 and 06 use its links and collectives).
 
 **Links.** :data:`LINKS` names the links the course talks about, each with a latency α (seconds per
-message, i.e. per step of a ring) and a bandwidth B (bytes per second, one direction, per GPU), and where
-the bandwidth comes from. The bandwidths are the vendors' peak figures; nccl-tests usually reach 70–90 %
-of them, so predictions are optimistic by as much. Every α is an assumption of the right order, not a
-measurement: fit your own with chapter 02's ``sweep`` and ``fit_alpha_beta``.
+message, i.e. per step of a ring) and a bandwidth B (bytes per second, one direction, per GPU while every
+GPU of its node sends), and where the bandwidth comes from: vendors' figures, or nccl-tests' measured bus
+bandwidth where the vendor's would mislead (an 8-GPU PCIe server). Every α is an assumption of the right
+order, not a measurement: fit your own with chapter 02's ``sweep`` and ``fit_alpha_beta``. A ring between
+nodes runs over as many of a node's adapters as the group has GPUs there (:meth:`Cluster.link`).
 
 **Collectives** (chapter 02's α-β model, T(m) = α + m·β per message, on a ring of n ranks; m is the
 nccl-tests size: the whole buffer, all-gather's output, reduce-scatter's input):
@@ -21,13 +22,18 @@ intercept of its whole call, T(m) = α_call + m·β_call, e.g. α_call = 2(n−1
 way, and :func:`fitted_link` turns such a fit back into a link (per-message α, bandwidth B), so that it can
 be priced at another ring size. :func:`collective_seconds` prices one call.
 
-**A step** (:func:`predict`): a rank computes 6Ψ/(t·p) FLOPs per token (forward 2, backward 4) at a share of
-its GPU's peak; tensor parallelism adds four all-reduces of one activation per layer per micro-batch
-(Megatron: two forward, two backward), which nothing hides; a pipeline of p stages runs m micro-batches in
-m + p − 1 slots (the bubble, chapter 06) and sends one activation each way per micro-batch;
-data parallelism's collectives come from :func:`predict_dp_step` (chapter 04), which knows what each ZeRO
-stage can hide behind, and that ZeRO-3's root (embeddings, output layer) has nothing to hide behind.
-Memory per rank is :func:`parlab.measure.estimate_memory` (chapter 01).
+**A step** (:func:`predict`): the pipeline's slowest stage sets the pace (layers split as evenly as the
+output layer on the last stage allows: :func:`stage_layers`); a rank executes its layers' FLOPs (2 per
+weight and token, plus attention's 4·s·h, Narayanan et al. 2021's eq. 3; forward, backward = 2 × forward,
+and the forward again under recomputation) at :data:`UTILIZATION` of its GPU's peak, and their
+memory-bound work (the bytes they save for backward) at its memory bandwidth; tensor parallelism adds
+Megatron's all-reduces of one activation per layer and micro-batch (two forward, two backward, two more
+when recomputing), which nothing hides; a pipeline of p stages runs m micro-batches in m + p − 1 slots
+(the bubble, chapter 06) and sends 1/t of an activation each way per micro-batch (scatter/gather, ibid.
+§4.1); data parallelism's collectives come from :func:`predict_dp_step` (chapter 04), which knows what
+each implementation of each ZeRO stage hides. Memory per rank is :func:`parlab.measure.estimate_memory`
+(chapter 01) for the heaviest stage. MFU (model FLOPs, no recomputation) and HFU (what executes) are
+reported. :data:`PUBLISHED_RUNS` are five runs the model is checked against (``tests/test_planner.py``).
 """
 
 from __future__ import annotations

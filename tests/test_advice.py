@@ -19,7 +19,7 @@ def test_fits_one_gpu_one_node_gives_ddp_then_measure_zero():
 def test_too_big_with_nvlink_offers_pp_zero_tp_alike_and_says_how_they_differ():
     a = recommend(num_params=10_000_000_000, gpu_memory_gb=80, gpus_per_node=8, intra_node="nvlink")
     assert not a.fits_one_gpu
-    assert strategies(a) == ["PP 8 × DP 1", "ZeRO-3 ×8", "TP 8 × DP 1"]
+    assert strategies(a) == ["PP 8", "ZeRO-3 ×8", "TP 8"]
     assert "alike" in a.summary and "It does not fit one GPU" in a.summary
     reasons = [r.reason for r in a.recommendations]
     assert len(set(reasons)) == 3 and not any("alike" in r for r in reasons)
@@ -28,14 +28,14 @@ def test_too_big_with_nvlink_offers_pp_zero_tp_alike_and_says_how_they_differ():
 
 def test_too_big_over_pcie_puts_pp_first():
     a = recommend(num_params=10_000_000_000, gpu_memory_gb=80, gpus_per_node=8, intra_node="pcie")
-    assert strategies(a)[0] == "PP 8 × DP 1" and "PCIe" in a.recommendations[0].reason
+    assert strategies(a)[0] == "PP 8" and "PCIe" in a.recommendations[0].reason
 
 
 def test_largest_layer_too_big_needs_tp():
     a = recommend(num_params=20_000_000_000, largest_layer_params=6_000_000_000, gpu_memory_gb=80,
                   gpus_per_node=8)
     assert not a.largest_layer_fits
-    assert strategies(a)[0] == "TP 8 × DP 1"
+    assert strategies(a)[0] == "TP 8"
 
 
 def test_many_nodes_fast_and_slow_links():
@@ -95,7 +95,7 @@ def test_with_activations_what_fits_comes_first():
     # TP divides activations, PP's first stage and ZeRO-3 keep them whole: TP alone fits here
     a = recommend("GPT-2 XL (1.5B)", gpu_memory_gb=80, gpus_per_node=8, micro_batch=16, seq_len=2048)
     assert [a.fits(r) for r in a.recommendations] == [True, False, False]
-    assert strategies(a) == ["TP 8 × DP 1", "PP 8 × DP 1", "ZeRO-3 ×8"]
+    assert strategies(a) == ["TP 8", "PP 8", "ZeRO-3 ×8"]
     assert "longer than the model's 1024 positions" in " ".join(a.notes)
 
 
@@ -111,3 +111,22 @@ def test_bare_parameter_count_says_activations_are_left_out():
 def test_bad_activation_input(kwargs, word):
     with pytest.raises(ValueError, match=word):
         recommend("Llama 2 7B", **kwargs)
+
+
+def test_no_zero_over_one_replica_and_no_axes_of_one():
+    # Llama 2 70B on 2 nodes, slow links: the pipeline needs both nodes, one replica is left, and ZeRO-1
+    # over one replica shards nothing: the label says no ZeRO (nor "DP 1")
+    a = recommend("Llama 2 70B", gpu_memory_gb=80, nodes=2, inter_node="slow")
+    first = strategies(a)[0]
+    assert first == "TP 8 × PP 2" and a.fits(a.recommendations[0])
+    assert a.memory[first] == a.memory["TP 8 × PP 2"]  # its memory: without ZeRO
+    assert not any("DP 1" in s or "PP 1 " in s or "TP 1 " in s for s in strategies(a))
+
+
+def test_when_tp_alone_cannot_hold_the_model_pipeline_stages_join_it():
+    # BLOOM 176B on 32 nodes of 24 GB: its embedding does not fit one GPU; TP 8 alone needs 352 GB per GPU
+    a = recommend("BLOOM 176B", gpu_memory_gb=24, nodes=32)
+    assert not a.largest_layer_fits
+    first = a.recommendations[0]
+    assert first.strategy == "TP 8 × PP 8 × DP 4 + ZeRO-1" and a.fits(first)
+    assert "352 GB" in first.reason

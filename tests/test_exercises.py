@@ -527,84 +527,62 @@ def test_model_states_check_both_ways():
     assert parlab.measure.estimate_memory(num_params=10).model_states == 160  # and the package's answer is back
 
 
-def _layouts(workload, cluster):
-    """Every layout the batch and model allow, TP inside a node."""
-    from parlab import planner
-
-    heads, n = workload.config.num_attention_heads, cluster.world_size
-    for tp in (t for t in (1, 2, 4, 8) if t <= cluster.gpus_per_node and heads % t == 0):
-        for pp in (p for p in range(1, workload.layers + 1) if workload.layers % p == 0 and n % (tp * p) == 0):
-            dp = n // (tp * pp)
-            if workload.global_batch % (dp * workload.micro_batch) == 0:
-                yield from (planner.Layout(dp=dp, tp=tp, pp=pp, zero_stage=z) for z in ((0, 1, 2, 3) if dp > 1 else (0,)))
-
-
-def _fits(workload, cluster, layout):
-    from parlab.measure import estimate_memory
-
-    return estimate_memory(workload.config, precision=workload.precision, optimizer=workload.optimizer,
-                           world_size=cluster.world_size, zero_stage=layout.zero_stage, tp_size=layout.tp,
-                           pp_size=layout.pp, micro_batch=workload.micro_batch, seq_len=workload.seq_len,
-                           checkpointing=workload.checkpointing).total <= cluster.gpu.memory
-
-
-def _by_the_rules(workload, cluster, price):
-    """The notebook's solution: memory first, the guide's rules shortlist, three priced."""
-    fitting = [layout for layout in _layouts(workload, cluster) if _fits(workload, cluster, layout)]
-    if cluster.nodes > 1 and cluster.inter.bandwidth < cluster.intra.bandwidth / 20:  # slow: only PP crosses
-        shortlist = sorted((l for l in fitting if l.tp * l.dp <= cluster.gpus_per_node), key=lambda l: (l.pp, -l.zero_stage))
-    elif cluster.intra.bandwidth < 50e9 and workload.seq_len * workload.micro_batch <= 1024:  # PCIe, short
-        shortlist = sorted((l for l in fitting if l.pp > 1), key=lambda l: (-l.pp, l.tp))
-    else:  # the least model parallelism, the most ZeRO
-        shortlist = sorted(fitting, key=lambda l: (l.tp * l.pp, -l.zero_stage))
-    return min(shortlist[:3], key=lambda layout: price(layout).step_s)
-
-
-def test_layout_choice_check_both_ways():
-    from parlab import planner
-    from parlab.exercises import check_layout_choice
-
-    assert "all 6 scenarios, pricing at most 3" in repr(check_layout_choice(_by_the_rules))
-    with pytest.raises(ExerciseFailed, match=r"Llama 2 7B.*DP 8 needs .* GB per GPU"):  # planted: DDP everywhere
-        check_layout_choice(lambda workload, cluster, price: planner.Layout(dp=cluster.world_size))
-    with pytest.raises(ExerciseFailed, match="TP 32 spans nodes of 8 GPUs"):  # planted: TP over every GPU
-        check_layout_choice(lambda workload, cluster, price: planner.Layout(tp=cluster.world_size) if cluster.nodes > 1
-                            else _by_the_rules(workload, cluster, price))
-
-    def least_model_parallel(workload, cluster, price):  # planted: the one-node rule everywhere
-        fitting = [l for l in _layouts(workload, cluster) if _fits(workload, cluster, l)]
-        return min(sorted(fitting, key=lambda l: (l.tp * l.pp, -l.zero_stage))[:3], key=lambda l: price(l).step_s)
-
-    with pytest.raises(ExerciseFailed, match=r"16 sequences of 512 .* fits but takes .* Where does yours lose time"):
-        check_layout_choice(least_model_parallel)
-    with pytest.raises(ExerciseFailed, match="priced 4 layouts .* the budget is 3"):  # planted: price everything
-        check_layout_choice(lambda workload, cluster, price: min(_layouts(workload, cluster),
-                                                                 key=lambda l: (not price(l).fits, price(l).step_s)))
-    for shortcut in (lambda workload, cluster, price: next(p for p in planner.candidates(workload, cluster) if p.fits).layout,
-                     lambda workload, cluster, price: planner.predict(workload, planner.Layout(dp=8), cluster).layout):
-        with pytest.raises(ExerciseFailed, match="without the planner's predict or candidates"):
-            check_layout_choice(shortcut)
-    assert planner.candidates(planner.Workload("Llama 2 7B", 8, 512), planner.cluster_of("nvlink"))  # back
-
-
-def test_chapter_07_solutions_shown_pass_their_checks():
-    """The solutions chapter 07 shows (collapsed, never run there) pass the checks, refusals and budget
-    included: what a learner copies works."""
-    import re
+def _chapter_07_solutions() -> dict:
+    """What chapter 07's collapsed solution cells (tagged ``solution``) define, with the names it imported."""
     from pathlib import Path
 
     import nbformat
 
     from parlab import measure, planner
+
+    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / "07_putting_it_together.ipynb", as_version=4)
+    cells = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
+    assert len(cells) == 3 and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in cells)
+    namespace = {"measure": measure, "planner": planner}
+    for cell in cells:
+        exec(cell.source, namespace)
+    return namespace
+
+
+def test_chapter_07_solutions_pass_their_checks():
     from parlab.exercises import check_group_ranks, check_layout_choice, check_model_states
 
-    notebook = nbformat.read(Path(__file__).parents[1] / "notebooks" / "07_putting_it_together.ipynb", 4)
-    (details,) = [c.source for c in notebook.cells if c.source.startswith("<details><summary>Solutions")]
-    namespace = {"measure": measure, "planner": planner}  # what the chapter imported
-    exec(re.search(r"```python\n(.*?)```", details, re.S).group(1), namespace)
-    check_group_ranks(namespace["group_ranks"])
-    check_model_states(namespace["model_states"])
-    check_layout_choice(namespace["choose_layout"])
+    shown = _chapter_07_solutions()
+    check_group_ranks(shown["solution_group_ranks"])
+    check_model_states(shown["solution_model_states"])
+    for seed in (0, 1):  # fresh scenarios each time; two draws here
+        assert "drawn afresh" in repr(check_layout_choice(shown["solution_choose_layout"], seed=seed))
+
+
+def test_layout_choice_check_both_ways():
+    from parlab import planner
+    from parlab.exercises import check_layout_choice
+    from parlab.exercises.ch07 import scenarios
+    from parlab.planner import candidates as bound_candidates
+    from parlab.planner import predict as bound_predict
+
+    solution = _chapter_07_solutions()["solution_choose_layout"]
+    # draws differ from call to call: nothing to write down in advance
+    assert [d for d, _, _ in scenarios(4, seed=0)] != [d for d, _, _ in scenarios(4, seed=1)]
+    with pytest.raises(ExerciseFailed, match="TP 32 spans nodes of 8 GPUs|TP 16 spans nodes of 8 GPUs"):
+        check_layout_choice(lambda workload, cluster, price: planner.Layout(tp=cluster.world_size) if cluster.nodes > 1
+                            else solution(workload, cluster, price), count=8, seed=3)
+    old_answers = {"Llama 2 7B, one node of 8 A100s joined by PCIe, 16 sequences of 4096 tokens per step":
+                   planner.Layout(dp=8, zero_stage=2)}  # planted: answers written down for fixed scenarios
+    with pytest.raises(ExerciseFailed, match="needs .* GB per GPU|fits but takes"):
+        check_layout_choice(lambda workload, cluster, price: old_answers.get(
+            cluster.describe(), planner.Layout(dp=cluster.world_size, zero_stage=1)), count=8, seed=2)
+    with pytest.raises(ExerciseFailed, match="priced 4 layouts .* the budget is 3"):  # planted: price everything
+        check_layout_choice(lambda workload, cluster, price: min(
+            (planner.Layout(dp=cluster.world_size // t, tp=t) for t in (1, 2, 4, 8)),
+            key=lambda l: (not price(l).fits, price(l).step_s)), seed=0)
+    for shortcut in (  # planted: the planner's own answer, through the module or bound before the check
+            lambda workload, cluster, price: next(p for p in planner.candidates(workload, cluster) if p.fits).layout,
+            lambda workload, cluster, price: next(p for p in bound_candidates(workload, cluster) if p.fits).layout,
+            lambda workload, cluster, price: bound_predict(workload, planner.Layout(dp=8), cluster).layout):
+        with pytest.raises(ExerciseFailed, match="without the planner's predict or candidates"):
+            check_layout_choice(shortcut, seed=0)
+    assert bound_candidates(planner.Workload("Llama 2 7B", 8, 512), planner.cluster_of("nvlink"))  # back
 
 
 # ---- chapter 04 -------------------------------------------------------------------------------------

@@ -72,14 +72,21 @@ def test_a_layout_is_priced_part_by_part():
     p = planner.predict(w, planner.Layout(dp=2, tp=2, pp=2, zero_stage=1), cluster)
     m = 16 // (2 * 2)  # micro-batches per replica
     activation = 2 * 32 * 64 * 2  # micro-batch · seq · hidden · bf16
-    assert p.micro_batches == m and p.bubble == pytest.approx(1 / (m + 1))
-    assert p.bytes_by_axis == {"dp": pytest.approx(2 * w.num_params / 4 * 2), "tp": 4 * 2 * m * activation,
-                               "pp": 2 * m * activation}
-    assert p.memory == estimate_memory(w.config, precision="bf16", optimizer="adam", world_size=8, zero_stage=1,
-                                       tp_size=2, pp_size=2, micro_batch=2, seq_len=32)
-    # the course's ZeRO-1 hides nothing: its reduce-scatter and all-gather of this rank's gradients (bf16) add
+    assert p.micro_batches == m and p.bubble == pytest.approx(1 / (m + 1)) and p.stages == (2, 2)
+    # the heaviest stage: the first, two layers and the embeddings (tokens, positions; the final norm counted
+    # there too), a little more than the last's two layers and untied output layer
+    heaviest = 2 * w.layer_params + w.root_params - w.output_params
+    assert heaviest > 2 * w.layer_params + w.output_params
+    assert max(planner.stage_params(w, 2)) == pytest.approx(heaviest)
+    grads = heaviest / 2 * 2  # one TP rank's share, bf16
+    # TP: four all-reduces of one activation per layer and micro-batch; PP: 1/t of one activation each way
+    assert p.bytes_by_axis == {"dp": pytest.approx(2 * grads), "tp": 4 * 2 * m * activation,
+                               "pp": 2 * m * activation / 2}
+    assert p.memory.model_states == estimate_memory(num_params=round(heaviest * 2), precision="bf16",
+                                                    optimizer="adam", world_size=8, zero_stage=1, tp_size=2,
+                                                    pp_size=2).model_states
+    # the course's ZeRO-1 hides nothing: its reduce-scatter and all-gather of this rank's gradients add
     costs = planner.ring_costs(cluster.intra, 2)
-    grads = w.num_params / 4 * 2
     course = planner.predict(w, planner.Layout(dp=2, tp=2, pp=2, zero_stage=1), cluster, implementation="course")
     assert course.parts["dp"] == pytest.approx(sum(planner.collective_seconds(op, grads, costs)
                                                    for op in ("reduce_scatter", "all_gather")))
@@ -88,6 +95,48 @@ def test_a_layout_is_priced_part_by_part():
     assert p.parts["tp"] == pytest.approx((m + 1) * 4 * 2 * planner.collective_seconds(
         "all_reduce", activation, planner.ring_costs(cluster.intra, 2)))
     assert str(p.layout) == "TP 2 × PP 2 × DP 2 + ZeRO-1"
+    assert str(planner.Layout(pp=8, zero_stage=1)) == "PP 8"  # no ZeRO over one replica
+
+
+def test_flops_are_narayanans_and_mfu_leaves_out_recomputation():
+    from transformers import GPT2Config
+
+    layers, h, V, s, B = 24, 2304, 51200, 2048, 8
+    config = GPT2Config(n_layer=layers, n_embd=h, n_head=24, vocab_size=V, n_positions=s)
+    w = planner.Workload(config, global_batch=B, seq_len=s, checkpointing=True)
+    # eq. 3 counts 12h² weights per layer; GPT-2 adds biases and norms (13h), a few parts in 10⁴
+    assert w.hardware_flops() == pytest.approx(planner.eq3_flops(B, s, layers, h, V), rel=2e-3)
+    recompute = B * s * layers * w.layer_flops
+    assert w.model_flops() == pytest.approx(w.hardware_flops() - recompute)
+    p = planner.predict(w, planner.Layout(dp=8), planner.cluster_of("nvlink"))
+    assert p.mfu == pytest.approx(p.hfu * w.model_flops() / w.hardware_flops())
+    assert p.tflops(planner.A100.flops)["hardware"] == pytest.approx(p.hfu * 312)
+
+
+def test_uneven_stages():
+    w = planner.Workload("BLOOM 176B", global_batch=8, seq_len=2048)
+    stages = planner.stage_layers(w, 12)
+    assert sum(stages) == 70 and len(stages) == 12 and max(stages) - min(stages) <= 2
+    # the last stage also runs BLOOM's 250,880-word output layer (1.4 layers of FLOPs): it takes fewer layers
+    assert stages[-1] < max(stages)
+    assert planner.stage_layers(w, 1) == (70,) and planner.stage_layers(w, 70) == (1,) * 70
+    with pytest.raises(ValueError, match="pp=71 stages for 70 layers"):
+        planner.stage_layers(w, 71)
+    # the tied embedding: one copy on the first stage, one on the last (Megatron-LM's)
+    params = planner.stage_params(w, 12)
+    assert sum(params) == pytest.approx(w.num_params + w.output_params)
+
+
+def test_links_between_nodes_add_up_over_a_nodes_adapters():
+    cluster = planner.cluster_of("nvlink", nodes=4)
+    whole = cluster.link(planner.Layout(dp=32).topology, "dp")  # 8 GPUs per node in the ring: 8 adapters
+    assert whole.bandwidth == 8 * planner.LINKS["infiniband"].bandwidth
+    two = cluster.link(planner.Layout(dp=8, tp=4).topology, "dp")  # TP 4 inside: 2 per node
+    assert two.bandwidth == 2 * planner.LINKS["infiniband"].bandwidth
+    assert cluster.link(planner.Layout(dp=4, tp=8).topology, "dp") == planner.LINKS["infiniband"]
+    # never above the link inside a node
+    fast = planner.Cluster(nodes=2, inter=planner.Link("fast", 1e-6, 100e9))
+    assert fast.link(planner.Layout(dp=16).topology, "dp").bandwidth == planner.LINKS["nvlink"].bandwidth
 
 
 def test_links_follow_the_mesh_and_slower_links_cost_time():
@@ -110,7 +159,9 @@ def test_candidates_put_what_fits_first_then_the_fastest():
     fitting = [p for p in ranked if p.fits]
     assert [p.step_s for p in fitting] == sorted(p.step_s for p in fitting)
     assert all(not p.fits for p in ranked[len(fitting):])
-    assert all(p.layout.tp <= 8 for p in ranked)  # TP stays inside a node
+    assert {p.layout.tp for p in ranked} >= {1, 8, 16}  # TP across nodes is tried ...
+    best_tp16 = next(p for p in fitting if p.layout.tp == 16)
+    assert best_tp16.step_s > fitting[0].step_s  # ... and loses
 
 
 @pytest.mark.parametrize("make, message", [
@@ -122,7 +173,7 @@ def test_candidates_put_what_fits_first_then_the_fastest():
      "zero_stage=4"),
     (lambda: planner.predict_dp_step("zero4", {}, 1, 1, 0, 0, 0), "strategy='zero4'"),
     (lambda: planner.collective_seconds("all_to_all", 1, planner.ring_costs(LINK, 2)), "op='all_to_all'"),
-    (lambda: planner.cluster_of("infiniband"), "name='infiniband'; choose 'nvlink' or 'pcie'"),
+    (lambda: planner.cluster_of("infiniband"), "name='infiniband'; choose 'nvlink', 'pcie' or 'h100'"),
 ])
 def test_bad_input_is_named(make, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -293,7 +344,7 @@ def test_zero3_beside_a_pipeline_is_priced_as_pytorchs_pipeline_runs_it():
     §5 measures it: 881,664 B on dp 2 × pp 2 whatever m), and keeps the weights and gradients whole meanwhile."""
     w = _workload()
     cluster = planner.Cluster(gpus_per_node=4, nodes=1)
-    grads = w.num_params / 2 * 2  # bf16, one stage's share
+    grads = max(planner.stage_params(w, 2)) * 2  # bf16, the heaviest stage's
     for pp_layout, m in ((planner.Layout(dp=2, pp=2, zero_stage=3), 16 // (2 * 2)),):
         p = planner.predict(w, pp_layout, cluster)
         assert p.micro_batches == m and p.bytes_by_axis["dp"] == pytest.approx(2 * grads)
@@ -302,3 +353,39 @@ def test_zero3_beside_a_pipeline_is_priced_as_pytorchs_pipeline_runs_it():
         per_pass = planner.predict(w, pp_layout, cluster, reshard="after_backward")
         assert per_pass.bytes_by_axis["dp"] == pytest.approx(2 * m * grads)
         assert per_pass.memory.model_states < p.memory.model_states
+
+
+def test_published_runs_within_20_percent():
+    """The planner prices five published large runs from their published inputs (layout, batch, model, DGX
+    A100 nodes) within ±20 % of their published step time, with one calibrated utilisation."""
+    import statistics
+
+    errors = {}
+    for run in planner.PUBLISHED_RUNS:
+        p = run.predict()
+        errors[run.name] = p.step_s / run.step_s - 1
+        assert p.fits, run.name
+    print("published runs, predicted ÷ published − 1: " + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items())
+          + f"; median {statistics.median(errors.values()):+.1%}")
+    assert all(abs(e) <= 0.20 for e in errors.values()), errors
+    assert abs(statistics.median(errors.values())) < 0.05
+    # the utilisation is the one that centres them (calibrated, not tuned per row)
+    assert abs(planner.calibrated_utilization() - planner.UTILIZATION) < 0.02
+
+
+def test_bloom_finds_blooms_layout_among_its_best_few():
+    bloom = planner.PUBLISHED_RUNS[-1]
+    fitting = [p for p in planner.candidates(bloom.workload(), planner.cluster_of("nvlink", bloom.nodes)) if p.fits]
+    meshes = list(dict.fromkeys((p.layout.tp, p.layout.pp, p.layout.dp) for p in fitting))
+    real = next(p for p in fitting if p.layout == bloom.layout)
+    assert meshes.index((4, 12, 8)) < 5 and real.step_s < 1.05 * fitting[0].step_s
+    assert all(p.layout.tp <= 8 for p in fitting[:10])  # TP across nodes tried, never among the best
+
+
+def test_h100_nodes():
+    cluster = planner.cluster_of("h100", nodes=4)
+    assert cluster.gpu is planner.H100 and cluster.intra == planner.LINKS["nvlink4"]
+    w = planner.Workload("Llama 2 70B", global_batch=64, seq_len=4096, checkpointing=True)
+    a100 = planner.predict(w, planner.Layout(tp=8, pp=4, dp=1), planner.cluster_of("nvlink", nodes=4))
+    h100 = planner.predict(w, planner.Layout(tp=8, pp=4, dp=1), cluster)
+    assert h100.step_s < a100.step_s / 2  # 3.2 × the FLOP/s; the links 1.5-2 × faster

@@ -16,7 +16,7 @@ from parlab import course, reading
 ROOT = pathlib.Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(course.CHAPTER_GLOB))
 # Chapters not yet rewritten to the pattern: reported, not held to it. Remove a chapter when it meets it.
-NOT_YET = {"00_welcome", "07_putting_it_together"}
+NOT_YET = {"00_welcome"}
 
 
 def test_report_sizes(capsys):

@@ -103,6 +103,13 @@ class Advice:
         return "\n".join(lines + [f"   ({n})" for n in self.notes])
 
 
+def _mesh(tp: int, pp: int, dp: int, zero_stage: int = 0) -> str:
+    """A layout's label, the axes of size > 1 only: ``"TP 8 × PP 2 × DP 2 + ZeRO-1"``, ``"PP 8"`` (as
+    ``parlab.planner.Layout`` prints it; ``parlab.planner.layout_of`` reads it back)."""
+    axes = [f"{name} {size}" for name, size in (("TP", tp), ("PP", pp), ("DP", dp)) if size > 1]
+    return (" × ".join(axes) or "1 GPU") + (f" + ZeRO-{zero_stage}" if zero_stage and dp > 1 else "")
+
+
 def _check(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
@@ -158,30 +165,40 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
     per_param = one.model_states / num_params
     layer_fits = largest_layer_params * per_param <= gpu
     ddp, z3, zero = f"DDP ×{n}", f"ZeRO-3 ×{n}", f"ZeRO ×{n}"
-    pp_label, tp_label = f"PP {gpus_per_node} × DP {nodes}", f"TP {gpus_per_node} × DP {nodes}"
+    pp_label, tp_label = _mesh(1, gpus_per_node, nodes), _mesh(gpus_per_node, 1, nodes)
     memory = {"1 GPU": one, ddp: est(world_size=n)}
     for stage in (1, 2, 3):
         memory[f"ZeRO-{stage} ×{n}"] = est(world_size=n, zero_stage=stage)
     memory[pp_label] = est(world_size=n, pp_size=gpus_per_node)
     memory[tp_label] = est(world_size=n, tp_size=gpus_per_node)
-    three_label = None
-    if nodes > 1:
-        # 3D: TP inside a node, pipeline stages across nodes (at least 2, so that only activations cross the
-        # inter-node links), the fewest that make it fit, DP for the rest
-        for pp in (d for d in range(2, nodes + 1) if nodes % d == 0):
-            three_d = est(world_size=n, tp_size=gpus_per_node, pp_size=pp, zero_stage=1)
-            if three_d.total <= gpu:
+
+    def tp_and_pp(fewest):
+        # TP inside a node, pipeline stages across nodes (at least ``fewest``), the fewest that make it fit,
+        # DP over the rest with ZeRO-1 (which shards nothing over one replica: then no ZeRO)
+        for pp in (d for d in range(fewest, nodes + 1) if nodes % d == 0):
+            stage = 1 if nodes // pp > 1 else 0
+            estimate = est(world_size=n, tp_size=gpus_per_node, pp_size=pp, zero_stage=stage)
+            if estimate.total <= gpu:
                 break
-        three_label = f"TP {gpus_per_node} × PP {pp} × DP {nodes // pp} + ZeRO-1"
-        memory[three_label] = three_d
+        label = _mesh(gpus_per_node, pp, nodes // pp, stage)
+        memory[label] = estimate
+        return label
+
+    three_label = tp_and_pp(2) if nodes > 1 else None
 
     fit = ("Even the largest layer does not fit one GPU." if not layer_fits
            else "It fits one GPU." if fits_one else "It does not fit one GPU.")
     recs: list[Recommendation] = []
     if not layer_fits:
         guide = "The guide: tensor parallelism, or ZeRO-3 with the single-GPU techniques."
-        recs.append(Recommendation(tp_label, "the only way to split a layer: each GPU holds a slice of every "
-                                   "weight matrix (pipeline parallelism moves whole layers)", tp_label))
+        if memory[tp_label].total <= gpu or nodes == 1:
+            recs.append(Recommendation(tp_label, "the only way to split a layer: each GPU holds a slice of "
+                                       "every weight matrix (pipeline parallelism moves whole layers)", tp_label))
+        else:  # TP splits the layers; it alone does not hold the model: pipeline stages across nodes do the rest
+            both = tp_and_pp(1)
+            recs.append(Recommendation(both, f"TP splits every layer, the largest included; TP {gpus_per_node} "
+                                       f"alone needs {memory[tp_label].total / GB:.0f} GB per GPU, so pipeline "
+                                       "stages across nodes divide the layers until it fits", both))
         recs.append(Recommendation(z3 + " + offload/checkpointing", "gathers one layer at a time; CPU offload "
                                    "and activation checkpointing make room for it; no change to the model, "
                                    "but more traffic", z3))
@@ -222,12 +239,12 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
             recs.append(Recommendation(zero if fits_one else z3, "almost no changes to the model, but "
                                        "the most traffic between nodes (weights gathered at every step)", z3))
             recs.append(Recommendation(three_label, "less communication than ZeRO, but the model must be "
-                                       "rewritten for TP and PP (ZeRO-1 optional)", three_label))
+                                       "rewritten for TP and PP (ZeRO-1 where DP has replicas)", three_label))
         else:
             guide = "Slow links between nodes: the guide offers DP + PP + TP + ZeRO-1."
             recs.append(Recommendation(three_label, "TP inside nodes, PP across them (only activations cross "
                                        "the slow links), DP over the rest, ZeRO-1 to shard optimizer "
-                                       "states", three_label))
+                                       "states over its replicas", three_label))
         if fits_one:
             recs.insert(0, Recommendation(ddp, "plain data parallelism, the simplest start: a whole copy per "
                                           "GPU, gradients all-reduced across nodes once per step", ddp))

@@ -202,12 +202,13 @@ def summarize(mix: Mix, results: list[dict], cfg: dict) -> dict:
 
 def calibrate(cfg: dict, sequences: int = 2, reps: int = 4) -> dict:
     """On every rank at once (the cores shared as in training): what ``parlab.planner`` needs to know of this
-    machine. ``flops``: 6Ψ·tokens over the time of a forward and backward of :func:`make_model` on
+    machine. ``flops``: the planner's FLOPs (``Workload.model_flops``) over the time of a forward and backward of :func:`make_model` on
     ``sequences`` sequences; ``memory_bandwidth``: 32 bytes per parameter over an AdamW step's time;
     ``alpha`` and ``bandwidth``: chapter 02's fit of one message between two ranks (a broadcast within
     pairs, every pair at once). The slowest rank's figures. And what the planner leaves out: the same
     forward and backward on 1, ``sequences`` and 2 × ``sequences`` sequences (``passes``: the fastest of
-    ``reps`` each), fitted as ``pass_s`` + tokens × 6Ψ / ``marginal_flops`` (chapter 02's fit once more):
+    ``reps`` each), fitted as ``pass_s`` + tokens × FLOPs per token / ``marginal_flops`` (chapter 02's fit once more;
+    ``None`` when the passes do not grow with their size on a loaded machine):
     ``pass_s`` is what a pass costs whatever its size (Python and the dispatch of each op), which one FLOP
     rate cannot carry."""
     from parlab import planner
@@ -245,11 +246,13 @@ def calibrate(cfg: dict, sequences: int = 2, reps: int = 4) -> dict:
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     f, *passes, u, alpha, beta = slowest.tolist()
     pass_s, per_token = fit_alpha_beta([n * cfg["seq_len"] for n in counts], passes)
-    return {"flops": 6 * psi * sequences * cfg["seq_len"] / f,
+    # the planner's own count of a step's FLOPs (its layers, attention and output layer: Narayanan's eq. 3)
+    flops_per_token = planner.Workload(model.config, global_batch=1, seq_len=cfg["seq_len"]).model_flops() / cfg["seq_len"]
+    return {"flops": flops_per_token * sequences * cfg["seq_len"] / f,
             "memory_bandwidth": planner.OPTIMIZER_BYTES_PER_PARAM * psi / u,
             "alpha": alpha, "bandwidth": 1 / beta if beta > 0 else float("inf"),
             "passes": dict(zip(counts, passes)), "pass_s": pass_s,
-            "marginal_flops": 6 * psi / per_token if per_token > 0 else float("inf")}
+            "marginal_flops": flops_per_token / per_token if per_token > 0 else None}
 
 
 def this_machine(calibration: dict, world_size: int):
@@ -309,3 +312,49 @@ def step_parts(mix: Mix, results: list[dict]) -> dict:
         parts.append({"step": end - start, "waiting": waiting, "moving": in_coll - waiting,
                       "computing": end - start - in_coll})
     return max(parts, key=lambda part: part["step"])
+
+
+def checked_run(mix: Mix, cfg: dict, world_size: int, reference: list, **changes) -> tuple[list, dict]:
+    """Chapter 07's one run of a layout: :func:`run` on ``world_size`` ranks, every rank's losses held to
+    one process's (``reference``, from :func:`reference`) with ``assert_close``, then :func:`summarize`d.
+    Returns (the ranks' results, the row), the row with ``launch_s``."""
+    import parlab
+    from torch.testing import assert_close
+
+    start = time.perf_counter()
+    results = parlab.launch(run, world_size, args=(mix, {**cfg, **changes}), timeout=600, announce=False)
+    for r in results:
+        assert_close(torch.tensor(r["losses"]), torch.tensor(reference))
+    row = summarize(mix, results, {**cfg, **changes})
+    row["launch_s"] = time.perf_counter() - start
+    return results, row
+
+
+def report(row: dict) -> str:
+    """One run's row in words: memory against ``estimate_memory``, bytes per axis, step time, bubble."""
+    mib = 2**20
+    bubble = (f"; bubble {row['bubble']:.0%} measured, (p−1)/(m+p−1) = {row['bubble_formula']:.0%}"
+              if row["bubble"] is not None else "")
+    return (f"{row['layout']}: the losses of one process on every rank ({row['launch_s']:.1f} s to run)\n"
+            f"  model states per rank: at most {row['memory'] / mib:.3f} MiB measured; estimate_memory "
+            f"{row['estimate'] / mib:.3f} MiB ({row['memory'] / row['estimate'] - 1:+.1%})\n"
+            "  bytes a rank sends per step: " + ", ".join(f"{a} {b / mib:.3f} MiB" for a, b in row["bytes"].items() if b)
+            + f"\n  step time {row['step_s'] * 1e3:.0f} ms (slowest rank, median of the timed steps){bubble}")
+
+
+def table(rows: list) -> str:
+    """Rows of :func:`summarize` side by side."""
+    lines = [f"{'layout':<30}{'memory/rank':>12}{'estimate':>10}{'dp MiB':>8}{'tp MiB':>8}{'pp MiB':>8}"
+             f"{'step ms':>9}{'bubble':>8}{'(p−1)/(m+p−1)':>15}"]
+    for row in rows:
+        bubble = f"{row['bubble']:>8.0%}{row['bubble_formula']:>15.0%}" if row["bubble"] is not None else ""
+        lines.append(f"{row['layout']:<30}{row['memory'] / 2**20:>10.3f}Mi{row['estimate'] / 2**20:>8.3f}Mi"
+                     + "".join(f"{row['bytes'][a] / 2**20:>8.3f}" for a in ("dp", "tp", "pp"))
+                     + f"{row['step_s'] * 1e3:>9.0f}{bubble}")
+    return "\n".join(lines)
+
+
+def pipeline_timeline(results: list) -> list:
+    """The operations of the pipeline that holds rank 0 (its dp = tp = 0 ranks), on one clock."""
+    first = [r for r in results if r["coords"]["dp"] == 0 and r["coords"]["tp"] == 0]
+    return sorted((e for r in first for e in r["events"]), key=lambda e: (e.rank, e.start))

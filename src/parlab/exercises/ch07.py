@@ -65,7 +65,8 @@ def _without_estimator(why: str):
     with contextlib.ExitStack() as stack:
         for owner in (parlab.measure, parlab.measure.memory, planner):
             stack.enter_context(without(owner, ("estimate_memory",), why))
-        stack.enter_context(without(planner, ("predict", "candidates"), why))
+        planner.REFUSED.append(why)
+        stack.callback(planner.REFUSED.pop)
         yield
 
 
@@ -92,45 +93,55 @@ def check_model_states(fn) -> Passed:
     return Passed(f"{_name(fn)} agrees with estimate_memory on all {len(STATE_CASES)} layouts")
 
 
-def scenarios():
-    """(description, Workload, Cluster) of the layout exercise: one node over PCIe and over NVLink, long
-    sequences and short; two and four nodes over InfiniBand; four nodes over Ethernet."""
+#: The clusters exercise 3 draws from: (kind of node, nodes, link between nodes or None for the node's own).
+CLUSTERS = (("pcie", 1, None), ("nvlink", 1, None), ("nvlink", 2, None), ("nvlink", 4, None),
+            ("nvlink", 4, "ethernet"), ("h100", 2, None), ("h100", 4, None))
+MODELS = ("Llama 2 7B", "Llama 2 13B", "Llama 2 70B")
+
+
+def scenarios(count: int = 4, seed: int | None = None) -> list:
+    """``count`` (description, Workload, Cluster) drawn at random (``seed``: None draws afresh) from
+    :data:`MODELS` × :data:`CLUSTERS` × sequences of 1024 or 4096 tokens × 1 or 2 sequences per GPU, with
+    activation checkpointing: one node over PCIe and NVLink, two and four nodes over InfiniBand (A100s, HDR)
+    and H100s (NDR), four nodes over Ethernet. Only scenarios where some layout fits are drawn."""
+    import random
+
     from parlab import planner
 
-    return [
-        ("Llama 2 7B, one node of 8 A100s joined by PCIe, 16 sequences of 4096 tokens per step",
-         planner.Workload("Llama 2 7B", global_batch=16, seq_len=4096), planner.cluster_of("pcie")),
-        ("Llama 2 13B, one node of 8 A100s with NVLink, 8 sequences of 4096 tokens per step, checkpointing",
-         planner.Workload("Llama 2 13B", global_batch=8, seq_len=4096, checkpointing=True), planner.cluster_of("nvlink")),
-        ("Llama 2 13B, one node of 8 A100s joined by PCIe, 16 sequences of 512 tokens per step, checkpointing",
-         planner.Workload("Llama 2 13B", global_batch=16, seq_len=512, checkpointing=True), planner.cluster_of("pcie")),
-        ("Llama 2 7B, 4 nodes of 8 A100s, NVLink inside and InfiniBand between, 64 sequences of 4096, "
-         "checkpointing", planner.Workload("Llama 2 7B", global_batch=64, seq_len=4096, checkpointing=True),
-         planner.cluster_of("nvlink", nodes=4)),
-        ("Llama 2 70B, 2 nodes of 8 A100s, NVLink inside and InfiniBand between, 32 sequences of 4096, "
-         "checkpointing", planner.Workload("Llama 2 70B", global_batch=32, seq_len=4096, checkpointing=True),
-         planner.cluster_of("nvlink", nodes=2)),
-        ("Llama 2 70B, 4 nodes of 8 A100s with NVLink, joined by 100 Gb/s Ethernet, 64 sequences of 4096, "
-         "checkpointing", planner.Workload("Llama 2 70B", global_batch=64, seq_len=4096, checkpointing=True),
-         planner.cluster_of("nvlink", nodes=4, inter=planner.LINKS["ethernet"])),
-    ]
+    draw = random.Random(seed)
+    out = []
+    while len(out) < count:
+        kind, nodes, inter = draw.choice(CLUSTERS)
+        model, seq, per_gpu = draw.choice(MODELS), draw.choice((1024, 4096)), draw.choice((1, 2))
+        cluster = planner.cluster_of(kind, nodes, **({"inter": planner.LINKS[inter]} if inter else {}))
+        workload = planner.Workload(model, global_batch=per_gpu * cluster.world_size, seq_len=seq, checkpointing=True)
+        description = (f"{model}, {cluster.describe()}, {workload.global_batch} sequences of {seq} tokens per step, "
+                       f"checkpointing")
+        if any(d == description for d, _, _ in out):
+            continue
+        if any(p.fits and p.layout.tp <= cluster.gpus_per_node for p in planner._candidates(workload, cluster)):
+            out.append((description, workload, cluster))
+    return out
 
 
-#: Layouts the learner may price per scenario: "measure the best two or three" (§9).
+#: Layouts the learner may price per scenario: "measure the best two or three" (§6).
 PRICE_BUDGET = 3
 
 
-def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET) -> Passed:
+def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, count: int = 4,
+                        seed: int | None = None) -> Passed:
     """``fn(workload, cluster, price)`` → a ``parlab.planner.Layout`` for the cluster's ranks that fits in GPU
     memory, keeps TP inside a node, and whose predicted step time is within ``tolerance`` of the fastest
-    layout the planner finds that fits, in each of :func:`scenarios`. ``price(layout)`` is the planner's
-    prediction (``.step_s``, ``.fits``, ``.parts``, ``.memory``), for at most ``budget`` layouts per scenario:
-    the learner shortlists by memory arithmetic (``estimate_memory`` is allowed) and the guide's rules,
-    as §9 ends, and prices only the shortlist. ``planner.predict`` and ``planner.candidates`` are refused."""
+    such layout the planner finds, in each of ``count`` scenarios drawn afresh (:func:`scenarios`): no
+    answer can be written down in advance. ``price(layout)`` is the planner's prediction (``.step_s``,
+    ``.fits``, ``.parts``, ``.memory``), for at most ``budget`` layouts per scenario: the learner shortlists by
+    memory arithmetic (``estimate_memory`` is allowed) and the guide's rules, and prices only the shortlist.
+    ``planner.predict`` and ``planner.candidates`` refuse while the learner's function runs, however they
+    were imported (``planner.REFUSED``)."""
     from parlab import planner
 
-    predict = planner.predict  # the check's own pricing, kept before the learner's function runs
-    for description, workload, cluster in scenarios():
+    drawn = scenarios(count, seed)
+    for description, workload, cluster in drawn:
         where = f"{_name(fn)} for {description}"
         priced = []
 
@@ -145,14 +156,17 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET) 
                                      f"{cluster.gpu.memory / 1e9:.0f} GB, which axes may cross the links between "
                                      f"GPUs and between nodes; then price the few that are left.")
             try:
-                return predict(workload, layout, cluster)
+                return planner._predict(workload, layout, cluster)
             except ValueError as error:
                 raise ExerciseFailed(f"{where}: price({layout}): {error}") from None
 
-        with without(planner, ("predict", "candidates"), "the exercise asks you to choose by the guide's rules "
-                     f"and memory arithmetic, pricing at most {budget} layouts with the price argument, "
-                     "without the planner's predict or candidates"):
+        planner.REFUSED.append("the exercise asks you to choose by the guide's rules and memory arithmetic, "
+                               f"pricing at most {budget} layouts with the price argument, without the "
+                               "planner's predict or candidates")
+        try:
             got = _call(fn, workload=workload, cluster=cluster, price=price)
+        finally:
+            planner.REFUSED.pop()
         if not isinstance(got, planner.Layout):
             raise ExerciseFailed(f"{where}: expected a parlab.planner.Layout, got {got!r:.80}")
         if got.dp * got.tp * got.pp != cluster.world_size:
@@ -161,10 +175,10 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET) 
         if got.tp > cluster.gpus_per_node:
             raise ExerciseFailed(f"{where}: TP {got.tp} spans nodes of {cluster.gpus_per_node} GPUs")
         try:
-            mine = predict(workload, got, cluster)
+            mine = planner._predict(workload, got, cluster)
         except ValueError as error:
             raise ExerciseFailed(f"{where}: {got} is not a layout of this batch: {error}") from None
-        best = next(p for p in planner.candidates(workload, cluster) if p.fits)
+        best = next(p for p in planner._candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
         if not mine.fits:
             raise ExerciseFailed(f"{where}: {got} needs {mine.memory.total / 1e9:.1f} GB per GPU; it has "
                                  f"{cluster.gpu.memory / 1e9:.0f} GB")
@@ -172,5 +186,5 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET) 
             raise ExerciseFailed(f"{where}: {got} fits but takes {mine.step_s:.2f} s per step (predicted); "
                                  f"a layout that fits takes {best.step_s:.2f} s. Where does yours lose time? "
                                  + ", ".join(f"{k} {v:.2f} s" for k, v in mine.parts.items() if v > 0))
-    return Passed(f"{_name(fn)} picks a fitting layout within {tolerance:.0%} of the fastest in all "
-                  f"{len(scenarios())} scenarios, pricing at most {budget} layouts in each")
+    return Passed(f"{_name(fn)} picks a fitting layout within {tolerance:.0%} of the fastest in {len(drawn)} "
+                  f"scenarios drawn afresh, pricing at most {budget} layouts in each")

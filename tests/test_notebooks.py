@@ -3,7 +3,7 @@ its CI parameters, and its CI parameters keep every check alive.
 
 ``parlab run``'s own code (:mod:`parlab.course`) runs each chapter twice: with its default parameters, as a
 learner does, and with the smaller parameters stored in its metadata (``metadata.parlab.ci_parameters``),
-as CI does. Both runs record which ``assert`` statements they reach, and
+as CI does. Both runs record which checks (``assert`` statements, ``assert_close``-style calls) they reach, and
 ``test_ci_parameters_keep_every_assert_alive`` fails when the CI parameters skip one the defaults run
 (docs/course_design.md, "CI parameters keep every check alive"). The default run used to be nbval's;
 it is papermill's now so that it can record, and the suite still runs each chapter only twice. nbval
@@ -59,9 +59,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^0-9a-z]", "", text.lower())
 
 
+def _without_code(text: str) -> str:
+    """Markdown without its fenced code blocks and inline code: a link written there is an example."""
+    return re.sub(r"`[^`\n]*`", "", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S))
+
+
 def _broken_links(text: str, base: pathlib.Path, own: pathlib.Path) -> list[str]:
     broken = []
-    for m in LINK.finditer(text):
+    for m in LINK.finditer(_without_code(text)):
         target = m.group("target")
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
             continue
@@ -163,7 +168,7 @@ def test_links_checker_catches_broken_links(tmp_path):
     (tmp_path / "a.ipynb").write_text(nbformat.writes(nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_markdown_cell("# Title\n## 2. Ranks and the world")])))
     text = ("[ok](a.ipynb) [ok](a.ipynb#2.-Ranks-and-the-world) [web](https://example.org/x) "
-            "[gone](b.ipynb) [bad anchor](a.ipynb#3.-Nowhere)")
+            "[gone](b.ipynb) [bad anchor](a.ipynb#3.-Nowhere) `[example](c.ipynb)`\n```\n[example](d.ipynb)\n```")
     broken = _broken_links(text, tmp_path, tmp_path / "c.md")
     assert [b.split(":")[0] for b in broken] == ["[gone](b.ipynb)", "[bad anchor](a.ipynb#3.-Nowhere)"]
 
@@ -242,11 +247,12 @@ def test_assert_coverage_catches_a_skipped_assert(tmp_path, tmp_path_factory):
         "parlab": {"ci_parameters": {"world_size": 2}}})
     nb.cells = [nbformat.v4.new_code_cell(source) for source in (
         "world_size = 4",
-        "import parlab\nassert world_size >= 2",
+        "import parlab, torch\nassert world_size >= 2",
         "def on_rank():\n    if parlab.world_size() >= 4:\n        assert parlab.world_size() % 4 == 0\n"
         "    assert parlab.rank() < parlab.world_size()\n\nparlab.launch(on_rank, world_size)",
         "def check(n):\n    assert n > 0\n    if n >= 4:\n        assert n // 4 >= 1, n\n\ncheck(world_size)",
-        "for _ in range(3):\n    assert True\nif world_size >= 4:\n    assert world_size == 4",
+        "for _ in range(3):\n    assert True\nif world_size >= 4:\n    assert world_size == 4\n"
+        "    torch.testing.assert_close(torch.ones(world_size), torch.ones(4))\nprint('done')",
     )]
     nb.cells[0].metadata["tags"] = ["parameters"]
     nbformat.write(nb, folder / "98_guarded.ipynb")
@@ -254,11 +260,12 @@ def test_assert_coverage_catches_a_skipped_assert(tmp_path, tmp_path_factory):
     problems = _assert_coverage(folder / "98_guarded.ipynb", tmp_path_factory)
     assert problems == ["cell 2, line 3: assert parlab.world_size() % 4 == 0",
                         "cell 3, line 4: assert n // 4 >= 1",
-                        "cell 4, line 4: assert world_size == 4"], problems
+                        "cell 4, line 4: assert world_size == 4",
+                        "cell 4, line 5: torch.testing.assert_close(torch.ones(world_size), torch.ones(4))"], problems
     seen = _RUNS[folder / "98_guarded.ipynb", True][1]
-    # every other assert was recorded in the CI run, the rank's included (world_size 2 there)
-    assert sorted((r["test"] for r in seen.values())) == sorted([
-        "world_size >= 2", "parlab.rank() < parlab.world_size()", "n > 0", "True"])
+    # every other check was recorded in the CI run, the rank's included (world_size 2 there)
+    assert sorted((r["check"] for r in seen.values())) == sorted([
+        "assert world_size >= 2", "assert parlab.rank() < parlab.world_size()", "assert n > 0", "assert True"])
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ processes (a workshop's learners, CI running chapters side by side) can pick the
 them dies before it answers ("Address already in use"); sockets in a folder of their own cannot collide,
 and no other user on the machine can connect to them.
 
-``record_asserts=PATH`` makes a run note every ``assert`` statement it reaches, in cells and in functions
+``record_asserts=PATH`` makes a run note every check (an ``assert``, a ``torch.testing.assert_close(...)``) it reaches, in cells and in functions
 defined in cells, on the ranks too (:func:`record_asserts`): tests/test_notebooks.py runs each chapter
 with its defaults and its CI parameters and fails when an assert the defaults reach is skipped by the CI
 parameters (docs/course_design.md, "CI parameters keep every check alive").
@@ -163,29 +163,47 @@ def cell_key(source: str) -> str:
     return hashlib.sha1(source.encode()).hexdigest()[:12]
 
 
-def numbered_asserts(tree: ast.AST) -> list[ast.Assert]:
-    """The ``assert`` statements of a parsed cell, in source order: the ``n`` of an assert's record."""
-    return sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assert)), key=lambda n: (n.lineno, n.col_offset))
+def _is_check(node: ast.AST) -> bool:
+    """An ``assert`` statement, or a call statement of a function named ``assert…``
+    (``torch.testing.assert_close(...)``, ``np.testing.assert_allclose(...)``): the course's checks."""
+    if isinstance(node, ast.Assert):
+        return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        f = node.value.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        return name.startswith("assert")
+    return False
+
+
+def numbered_asserts(tree: ast.AST) -> list[ast.stmt]:
+    """The checks of a parsed cell (:func:`_is_check`), in source order: the ``n`` of a check's record."""
+    return sorted((n for n in ast.walk(tree) if _is_check(n)), key=lambda n: (n.lineno, n.col_offset))
+
+
+def _check_text(node: ast.stmt, limit: int = 160) -> str:
+    text = f"assert {ast.unparse(node.test)}" if isinstance(node, ast.Assert) else ast.unparse(node.value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class _AssertSeen:
-    """Appends ``{"cell", "n", "test", "line"}`` (JSON, one line) to ``path`` the first time this process
-    reaches an assert. A file, not a set in the kernel: asserts in functions that run on ranks are reached
+    """Appends ``{"cell", "n", "check", "line"}`` (JSON, one line) to ``path`` the first time this process
+    reaches a check. A file, not a set in the kernel: checks in functions that run on ranks are reached
     in the rank processes (cloudpickle sends this object along with the function that calls it)."""
 
     def __init__(self, path: str):
         self.path, self.seen = path, set()
 
-    def __call__(self, cell: str, n: int, test: str, line: int) -> None:
+    def __call__(self, cell: str, n: int, check: str, line: int) -> None:
         if (cell, n) not in self.seen:
             self.seen.add((cell, n))
             with open(self.path, "a") as f:
-                f.write(json.dumps({"cell": cell, "n": n, "test": test, "line": line}) + "\n")
+                f.write(json.dumps({"cell": cell, "n": n, "check": check, "line": line}) + "\n")
 
 
 class _RecordAsserts(ast.NodeTransformer):
-    """IPython AST transformer: ``assert test, msg`` becomes ``__parlab_assert_seen__(...); assert test, msg``,
-    at any depth (in functions, classes, loops); the cell is the one ``pre_run_cell`` announced."""
+    """IPython AST transformer: each check (``assert test, msg``; ``torch.testing.assert_close(a, b)``)
+    becomes ``__parlab_assert_seen__(cell, n, text, line); <the check>``, at any depth (in functions,
+    classes, loops); the cell is the one ``pre_run_cell`` announced."""
 
     def __init__(self):
         self.cell, self.numbers = "?", {}
@@ -197,21 +215,23 @@ class _RecordAsserts(ast.NodeTransformer):
         self.numbers = {id(a): n for n, a in enumerate(numbered_asserts(node), 1)}
         return self.generic_visit(node)
 
-    def visit_Assert(self, node):
+    def _record(self, node):
         self.generic_visit(node)
         n = self.numbers.get(id(node))
-        if n is None:  # an assert built by another transformer: not in the cell's source
+        if n is None:  # not a check, or one built by another transformer (not in the cell's source)
             return node
         call = ast.Expr(ast.Call(ast.Name(_SEEN, ast.Load()), [ast.Constant(self.cell), ast.Constant(n),
-                                 ast.Constant(ast.unparse(node.test)), ast.Constant(node.lineno)], []))
+                                 ast.Constant(_check_text(node)), ast.Constant(node.lineno)], []))
         return [ast.fix_missing_locations(ast.copy_location(call, node)), node]
+
+    visit_Assert = visit_Expr = _record
 
 
 def record_asserts(shell, path) -> None:
-    """From now on, every ``assert`` statement this IPython ``shell`` runs (in cells, and in functions
-    defined in them, wherever they run) is noted in ``path`` when reached. Not seen: asserts in the
-    package's own code, in ``%%ranks`` cells (the magic compiles the cell on the ranks) and in code
-    built from strings."""
+    """From now on, every check (:func:`_is_check`) this IPython ``shell`` runs, in cells and in functions
+    defined in them, wherever they run, is noted in ``path`` when reached. Not seen: checks in the
+    package's own code (``parlab.exercises``' checks included), in ``%%ranks`` cells (the magic compiles
+    the cell on the ranks) and in code built from strings."""
     transformer = _RecordAsserts()
     shell.user_ns[_SEEN] = _AssertSeen(str(path))
     shell.user_ns_hidden[_SEEN] = shell.user_ns[_SEEN]
@@ -220,16 +240,16 @@ def record_asserts(shell, path) -> None:
 
 
 def recorded_asserts(path) -> dict[tuple[str, int], dict]:
-    """The asserts a run recorded in ``path``: ``{(cell, n): {"cell", "n", "test", "line"}}``."""
+    """The checks a run recorded in ``path``: ``{(cell, n): {"cell", "n", "check", "line"}}``."""
     records = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
     return {(r["cell"], r["n"]): r for r in records}
 
 
 def skipped_asserts(notebook: nbformat.NotebookNode, defaults: dict, ci: dict) -> list[str]:
-    """The asserts ``defaults`` (a default run's :func:`recorded_asserts`) reached and ``ci`` did not, each
-    as ``cell N, line L: assert TEST`` (N counts the chapter's cells from 0, as nbformat does)."""
+    """The checks ``defaults`` (a default run's :func:`recorded_asserts`) reached and ``ci`` did not, each
+    as ``cell N, line L: CHECK`` (N counts the chapter's cells from 0, as nbformat does)."""
     where = {cell_key(c.source): i for i, c in enumerate(notebook.cells) if c.cell_type == "code"}
-    return [f"cell {where.get(r['cell'], '?')}, line {r['line']}: assert {r['test']}"
+    return [f"cell {where.get(r['cell'], '?')}, line {r['line']}: {r['check']}"
             for key, r in sorted(defaults.items(), key=lambda kv: (where.get(kv[0][0], -1), kv[0][1]))
             if key not in ci]
 

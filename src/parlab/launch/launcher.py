@@ -286,7 +286,9 @@ class _Launch:
             if r.state == "ok":
                 out[r.rank] = "had returned"
             elif r.state == "raised":
-                out[r.rank] = f"raised {r.error['type']}: {_first_line(r.error['message'])}"
+                out[r.rank] = f"raised {r.error['type']}: {_sentence(r.error['message'])}"
+                if r.error["kind"] == "comm":
+                    out[r.rank] += " (a follow-on error: a rank it was talking to had gone)"
             elif r.state == "dead":
                 out[r.rank] = describe_exit(r.exitcode)
             elif r.state == "unpicklable":
@@ -506,17 +508,26 @@ def _try(fn, *args) -> None:
         pass
 
 
-def _first_line(text: str) -> str:
-    return (text.strip().splitlines() or [""])[0][:200]
-
-
 def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
 
 
+def _sentence(text: str, limit: int = 200) -> str:
+    """A message in one line for a rank's status: its first line, without the source file gloo prefixes
+    (``[.../pair.cc:553] ``), and when longer than ``limit`` cut after a whole sentence, never mid-word."""
+    line = re.sub(r"^\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", (text.strip().splitlines() or [""])[0])
+    if len(line) <= limit:
+        return line
+    cut = line[:limit]
+    end = max(cut.rfind(". "), cut.rfind("; "))
+    if end >= 40:
+        return cut[:end + 1]
+    return cut[:cut.rfind(" ")].rstrip(",;:") + " …"
+
+
 def _gloo_message(text: str) -> str:
     """gloo prefixes its messages with its source file; the learner needs the sentence."""
-    return re.sub(r"^\[[^\]]*\]\s*", "", _first_line(text))
+    return _sentence(re.sub(r"^\[[^\]]*\]\s*", "", text.strip()))
 
 
 def _indent(text: str) -> str:

@@ -342,6 +342,7 @@ def test_a_long_message_is_cut_after_a_sentence():
                                "worker crashing. Check the logs of the remote worker for the root cause.")
     assert _sentence(gloo, limit=120) == ("Connection closed by peer [127.0.0.1]:33160. This is typically caused "
                                           "by a remote worker crashing.")
+    assert _sentence(gloo, first=True) == "Connection closed by peer [127.0.0.1]:33160."
     assert _sentence("word " * 60, limit=32) == "word word word word word word …"
     assert _sentence("[rank 3] kept, not a source file") == "[rank 3] kept, not a source file"
 

@@ -120,6 +120,22 @@ def test_follows_the_skeleton(path):
         f"{path.name}: the numbered sections (## 1. ...) belong between Parameters and Exercises")
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_solutions_are_collapsed_and_only_define(path):
+    """A solution (a code cell tagged ``solution``) is collapsed until the learner opens it, and only
+    defines: the chapter's checks run the learner's code, never the solution (docs/course_design.md, 5)."""
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if "solution" not in cell.metadata.get("tags", []):
+            continue
+        assert cell.cell_type == "code", f"{path.name}: cell {i} is tagged 'solution' but is not code"
+        assert cell.metadata.get("jupyter", {}).get("source_hidden"), (
+            f"{path.name}: solution cell {i} is not collapsed; set metadata.jupyter.source_hidden = true")
+        doing = [ast.unparse(n).splitlines()[0] for n in ast.parse(cell.source).body
+                 if not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign))]
+        assert not doing, f"{path.name}: solution cell {i} runs code instead of only defining: {doing}"
+
+
 def test_there_are_chapters():
     assert NOTEBOOKS and NOTEBOOKS[0].name == "00_welcome.ipynb"
     numbers = [p.name[:2] for p in NOTEBOOKS]

@@ -16,7 +16,7 @@ from parlab import course, reading
 ROOT = pathlib.Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(course.CHAPTER_GLOB))
 # Chapters not yet rewritten to the pattern: reported, not held to it. Remove a chapter when it meets it.
-NOT_YET = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_ddp", "04_zero",
+NOT_YET = {"01_memory_and_strategy", "02_collectives", "03_dp_vs_ddp", "04_zero",
            "05_tensor_parallel", "06_pipeline_parallel", "07_putting_it_together"}
 
 

@@ -96,6 +96,24 @@ def test_hang_prediction_check_both_ways():
         check_hang_prediction([1, 3], world_size=4, timeout=1)
 
 
+def test_chapter_00_solutions_pass_their_checks():
+    """The solutions chapter 00 shows (collapsed cells tagged ``solution``, never run by its checks) pass."""
+    import pathlib
+
+    import nbformat
+
+    import parlab
+
+    nb = nbformat.read(pathlib.Path(__file__).parent.parent / "notebooks" / "00_welcome.ipynb", as_version=4)
+    scope = {"parlab": parlab}
+    for cell in nb.cells:
+        if "solution" in cell.metadata.get("tags", []):
+            exec(cell.source, scope)  # noqa: S102 - the chapter's own solution cells
+    assert "evenly" in repr(check_my_slice(scope["solution_my_slice"], world_size=3))
+    assert "ranks [0, 2] waited" in repr(check_hang_prediction(scope["solution_waiting_ranks"](4), world_size=4,
+                                                                timeout=1))
+
+
 # ---- chapter 01 -------------------------------------------------------------------------------------
 
 def chapter_solutions(chapter: str) -> dict:

@@ -342,7 +342,27 @@ def test_rank_killed_by_signal(tmp_path):
     err = info.value
     assert err.rank == 2 and err.signal == signal.SIGKILL
     assert "SIGKILL" in str(err) and "about to be killed" in str(err)
+    # the peers' follow-on errors are whole sentences, without gloo's source file
+    others = [s for r, s in err.statuses.items() if r != 2]
+    assert all(".cc:" not in s and not s.startswith("raised RuntimeError: [") for s in others), others
+    assert all(s.endswith("(a follow-on error: a rank it was talking to had gone)")
+               for s in others if s.startswith("raised")), others
     assert wait_gone([int(p) for p in os.listdir(tmp_path)]) == []
+
+
+def test_a_long_message_is_cut_after_a_sentence():
+    from parlab.launch.launcher import _sentence
+
+    gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:33160. This is typically caused by a remote worker crashing. Check the logs of the remote "
+            "worker for the root cause.\nsecond line")
+    assert _sentence(gloo) == ("Connection closed by peer [127.0.0.1]:33160. This is typically caused by a remote "
+                               "worker crashing. Check the logs of the remote worker for the root cause.")
+    assert _sentence(gloo, limit=120) == ("Connection closed by peer [127.0.0.1]:33160. This is typically caused "
+                                          "by a remote worker crashing.")
+    assert _sentence(gloo, first=True) == "Connection closed by peer [127.0.0.1]:33160."
+    assert _sentence("word " * 60, limit=32) == "word word word word word word …"
+    assert _sentence("[rank 3] kept, not a source file") == "[rank 3] kept, not a source file"
 
 
 def test_launch_works_after_failures():

@@ -1,9 +1,14 @@
-"""Every chapter notebook: committed clean, follows the skeleton, links resolve, and runs with its CI parameters.
+"""Every chapter notebook: committed clean, follows the skeleton, links resolve, runs with its default and
+its CI parameters, and its CI parameters keep every check alive.
 
-nbval (configured in pyproject.toml) also runs each notebook top to bottom with its default parameters,
-as a learner would. Here ``parlab run``'s own code (:mod:`parlab.course`) runs each chapter again with
-the smaller parameters stored in its metadata (``metadata.parlab.ci_parameters``), as CI on a GPU
-runner does. Whatever ``notebooks/NN_*.ipynb`` exist are checked: a new chapter joins by being there.
+``parlab run``'s own code (:mod:`parlab.course`) runs each chapter twice: with its default parameters, as a
+learner does, and with the smaller parameters stored in its metadata (``metadata.parlab.ci_parameters``),
+as CI does. Both runs record which checks (``assert`` statements, ``assert_close``-style calls) they reach, and
+``test_ci_parameters_keep_every_assert_alive`` fails when the CI parameters skip one the defaults run
+(docs/course_design.md, "CI parameters keep every check alive"). The default run used to be nbval's;
+it is papermill's now so that it can record, and the suite still runs each chapter only twice. nbval
+still works on its own: ``python -m pytest notebooks/00_welcome.ipynb`` (pyproject.toml's addopts make it
+``--nbval-lax``). Whatever ``notebooks/NN_*.ipynb`` exist are checked: a new chapter joins by being there.
 """
 
 from __future__ import annotations
@@ -54,9 +59,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^0-9a-z]", "", text.lower())
 
 
+def _without_code(text: str) -> str:
+    """Markdown without its fenced code blocks and inline code: a link written there is an example."""
+    return re.sub(r"`[^`\n]*`", "", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S))
+
+
 def _broken_links(text: str, base: pathlib.Path, own: pathlib.Path) -> list[str]:
     broken = []
-    for m in LINK.finditer(text):
+    for m in LINK.finditer(_without_code(text)):
         target = m.group("target")
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
             continue
@@ -110,6 +120,22 @@ def test_follows_the_skeleton(path):
         f"{path.name}: the numbered sections (## 1. ...) belong between Parameters and Exercises")
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_solutions_are_collapsed_and_only_define(path):
+    """A solution (a code cell tagged ``solution``) is collapsed until the learner opens it, and only
+    defines: the chapter's checks run the learner's code, never the solution (docs/course_design.md, 5)."""
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if "solution" not in cell.metadata.get("tags", []):
+            continue
+        assert cell.cell_type == "code", f"{path.name}: cell {i} is tagged 'solution' but is not code"
+        assert cell.metadata.get("jupyter", {}).get("source_hidden"), (
+            f"{path.name}: solution cell {i} is not collapsed; set metadata.jupyter.source_hidden = true")
+        doing = [ast.unparse(n).splitlines()[0] for n in ast.parse(cell.source).body
+                 if not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign))]
+        assert not doing, f"{path.name}: solution cell {i} runs code instead of only defining: {doing}"
+
+
 def test_there_are_chapters():
     assert NOTEBOOKS and NOTEBOOKS[0].name == "00_welcome.ipynb"
     numbers = [p.name[:2] for p in NOTEBOOKS]
@@ -158,18 +184,104 @@ def test_links_checker_catches_broken_links(tmp_path):
     (tmp_path / "a.ipynb").write_text(nbformat.writes(nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_markdown_cell("# Title\n## 2. Ranks and the world")])))
     text = ("[ok](a.ipynb) [ok](a.ipynb#2.-Ranks-and-the-world) [web](https://example.org/x) "
-            "[gone](b.ipynb) [bad anchor](a.ipynb#3.-Nowhere)")
+            "[gone](b.ipynb) [bad anchor](a.ipynb#3.-Nowhere) `[example](c.ipynb)`\n```\n[example](d.ipynb)\n```")
     broken = _broken_links(text, tmp_path, tmp_path / "c.md")
     assert [b.split(":")[0] for b in broken] == ["[gone](b.ipynb)", "[bad anchor](a.ipynb#3.-Nowhere)"]
 
 
-# -- running --------------------------------------------------------------------------------------------
+# -- running: defaults and CI parameters, and the asserts each run reaches -------------------------------
+
+# Chapters whose CI parameters still skip asserts that their defaults run: reported (xfail, with the asserts),
+# not yet held to it. Remove yours when test_ci_parameters_keep_every_assert_alive passes for it (the test
+# says so when it does). Measured on 1 Dec 2026 with the chapters as they were: 00–06 pass, 07 does not.
+ASSERTS_NOT_YET = {
+    "07_putting_it_together",  # at 4 ranks dp = 1: its ZeRO-1 memory and byte checks never run (planner helper)
+}
+
+_RUNS: dict[tuple[pathlib.Path, bool], tuple[course.ChapterResult, dict]] = {}
+
+
+def _run(path: pathlib.Path, ci: bool, tmp_path_factory) -> tuple[course.ChapterResult, dict]:
+    """Each chapter runs once per session with each set of parameters, recording its asserts; the tests
+    below share the runs (run alone, the assert test makes both)."""
+    if (path, ci) not in _RUNS:
+        out = tmp_path_factory.mktemp(f"{path.stem}-{'ci' if ci else 'defaults'}")
+        result = course.run_chapter(path, out, ci=ci, html=False, record_asserts=out / "asserts.jsonl")
+        _RUNS[path, ci] = result, course.recorded_asserts(out / "asserts.jsonl")
+    return _RUNS[path, ci]
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_runs_with_ci_parameters(path, tmp_path):
-    result = course.run_chapter(path, tmp_path, ci=True, html=False)
+def test_runs_with_default_parameters(path, tmp_path_factory):
+    result, _ = _run(path, False, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_runs_with_ci_parameters(path, tmp_path_factory):
+    result, _ = _run(path, True, tmp_path_factory)
+    assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
+
+
+def _assert_coverage(path: pathlib.Path, tmp_path_factory) -> list[str]:
+    """What is wrong with ``path``'s CI parameters: a failed run, or the asserts they skip."""
+    (defaults, seen_defaults), (ci, seen_ci) = _run(path, False, tmp_path_factory), _run(path, True, tmp_path_factory)
+    failed = [f"its run with {name} parameters failed ({r.error}), so they cannot be compared"
+              for name, r in (("default", defaults), ("CI", ci)) if not r.passed]
+    if failed:
+        return failed
+    nb = nbformat.read(path, as_version=4)
+    return course.skipped_asserts(nb, seen_defaults, seen_ci)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_ci_parameters_keep_every_assert_alive(path, tmp_path_factory):
+    """No assert that runs with a chapter's default parameters is skipped with its CI parameters: CI
+    checks what a learner's run checks (no ``if world_size >= 4:`` around an assert that CI's 2 ranks
+    then never reach)."""
+    problems = _assert_coverage(path, tmp_path_factory)
+    ci = course.ci_parameters(nbformat.read(path, as_version=4))
+    message = (f"{path.name}: with its CI parameters {ci}, these asserts that its default parameters run "
+               f"are skipped (make the CI parameters reach them):\n  " + "\n  ".join(problems))
+    if path.stem in ASSERTS_NOT_YET:
+        assert problems, f"{path.name} keeps every assert alive now: remove it from ASSERTS_NOT_YET"
+        pytest.xfail(message)
+    assert not problems, message
+
+
+@pytest.mark.slow
+def test_assert_coverage_catches_a_skipped_assert(tmp_path, tmp_path_factory):
+    """The test above can fail: a chapter whose CI parameters skip one assert (in a cell, in a function
+    run on the ranks, in a function defined in a cell) is caught, and that assert, only, is named."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook(metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "parlab": {"ci_parameters": {"world_size": 2}}})
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in (
+        "world_size = 4",
+        "import parlab, torch\nassert world_size >= 2",
+        "def on_rank():\n    if parlab.world_size() >= 4:\n        assert parlab.world_size() % 4 == 0\n"
+        "    assert parlab.rank() < parlab.world_size()\n\nparlab.launch(on_rank, world_size)",
+        "def check(n):\n    assert n > 0\n    if n >= 4:\n        assert n // 4 >= 1, n\n\ncheck(world_size)",
+        "for _ in range(3):\n    assert True\nif world_size >= 4:\n    assert world_size == 4\n"
+        "    torch.testing.assert_close(torch.ones(world_size), torch.ones(4))\nprint('done')",
+    )]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nbformat.write(nb, folder / "98_guarded.ipynb")
+    _RUNS.pop((folder / "98_guarded.ipynb", False), None)
+    problems = _assert_coverage(folder / "98_guarded.ipynb", tmp_path_factory)
+    assert problems == ["cell 2, line 3: assert parlab.world_size() % 4 == 0",
+                        "cell 3, line 4: assert n // 4 >= 1",
+                        "cell 4, line 4: assert world_size == 4",
+                        "cell 4, line 5: torch.testing.assert_close(torch.ones(world_size), torch.ones(4))"], problems
+    seen = _RUNS[folder / "98_guarded.ipynb", True][1]
+    # every other check was recorded in the CI run, the rank's included (world_size 2 there)
+    assert sorted((r["check"] for r in seen.values())) == sorted([
+        "assert world_size >= 2", "assert parlab.rank() < parlab.world_size()", "assert n > 0", "assert True"])
 
 
 @pytest.mark.slow

@@ -13,12 +13,18 @@ releasing them before the kernel binds them again, so kernels started at the sam
 processes (a workshop's learners, CI running chapters side by side) can pick the same port, and one of
 them dies before it answers ("Address already in use"); sockets in a folder of their own cannot collide,
 and no other user on the machine can connect to them.
+
+``record_asserts=PATH`` makes a run note every check (an ``assert``, a ``torch.testing.assert_close(...)``) it reaches, in cells and in functions
+defined in cells, on the ranks too (:func:`record_asserts`): tests/test_notebooks.py runs each chapter
+with its defaults and its CI parameters and fails when an assert the defaults reach is skipped by the CI
+parameters (docs/course_design.md, "CI parameters keep every check alive").
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
 import json
 import os
 import pathlib
@@ -90,12 +96,14 @@ class ChapterResult:
 
 
 def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_timeout: float = 600,
-                progress: bool | dict = False, require_gpu: bool = False) -> ChapterResult:
+                progress: bool | dict = False, require_gpu: bool = False, record_asserts=None) -> ChapterResult:
     """Execute one chapter in its own folder; write the executed notebook (and HTML) to ``output_dir``.
 
     Never raises for a failing chapter: the result says what failed. ``require_gpu``: a chapter whose
     ``world_size`` would not run in GPU mode here (NCCL, one GPU per rank) fails without running, so a
-    GPU runner cannot pass by quietly falling back to CPU.
+    GPU runner cannot pass by quietly falling back to CPU. ``record_asserts``: a file that the run fills
+    with the asserts it reaches (:func:`record_asserts`; a first cell, tagged ``parlab-record-asserts``,
+    turns the recording on, so the executed copy shows it).
     """
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -116,10 +124,20 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
             return ChapterResult(path.stem, False, 0.0, f"not run: world_size={ranks} would not run in GPU mode "
                                  f"here ({plan.describe()})")
     error = ""
+    source = str(path)
+    if record_asserts is not None:
+        record_path = pathlib.Path(record_asserts).resolve()
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        record_path.write_text("")
+        cell = nbformat.v4.new_code_cell(
+            f"import parlab.course\nparlab.course.record_asserts(get_ipython(), {str(record_path)!r})")
+        cell.metadata["tags"] = [RECORD_TAG]
+        notebook.cells.insert(0, cell)
+        source = notebook
     try:
         with _kernel_sockets() as channels:
             papermill.execute_notebook(
-                str(path), str(out), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
+                source, str(out), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
                 progress_bar=progress, execution_timeout=cell_timeout, **channels,
             )
     except PapermillExecutionError as exc:
@@ -131,6 +149,109 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
     if html and out.exists():
         _write_html(out)
     return ChapterResult(path.stem, not error, seconds, error, out if out.exists() else None)
+
+
+# -- which asserts a run reaches ------------------------------------------------------------------------
+
+RECORD_TAG = "parlab-record-asserts"
+_SEEN = "__parlab_assert_seen__"  # the notebook global the rewritten asserts call
+
+
+def cell_key(source: str) -> str:
+    """A code cell's name in an assert record: a hash of its source (cell numbers move when papermill
+    injects parameters, the sources do not)."""
+    return hashlib.sha1(source.encode()).hexdigest()[:12]
+
+
+def _is_check(node: ast.AST) -> bool:
+    """An ``assert`` statement, or a call statement of a function named ``assert…``
+    (``torch.testing.assert_close(...)``, ``np.testing.assert_allclose(...)``): the course's checks."""
+    if isinstance(node, ast.Assert):
+        return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        f = node.value.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        return name.startswith("assert")
+    return False
+
+
+def numbered_asserts(tree: ast.AST) -> list[ast.stmt]:
+    """The checks of a parsed cell (:func:`_is_check`), in source order: the ``n`` of a check's record."""
+    return sorted((n for n in ast.walk(tree) if _is_check(n)), key=lambda n: (n.lineno, n.col_offset))
+
+
+def _check_text(node: ast.stmt, limit: int = 160) -> str:
+    text = f"assert {ast.unparse(node.test)}" if isinstance(node, ast.Assert) else ast.unparse(node.value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class _AssertSeen:
+    """Appends ``{"cell", "n", "check", "line"}`` (JSON, one line) to ``path`` the first time this process
+    reaches a check. A file, not a set in the kernel: checks in functions that run on ranks are reached
+    in the rank processes (cloudpickle sends this object along with the function that calls it)."""
+
+    def __init__(self, path: str):
+        self.path, self.seen = path, set()
+
+    def __call__(self, cell: str, n: int, check: str, line: int) -> None:
+        if (cell, n) not in self.seen:
+            self.seen.add((cell, n))
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"cell": cell, "n": n, "check": check, "line": line}) + "\n")
+
+
+class _RecordAsserts(ast.NodeTransformer):
+    """IPython AST transformer: each check (``assert test, msg``; ``torch.testing.assert_close(a, b)``)
+    becomes ``__parlab_assert_seen__(cell, n, text, line); <the check>``, at any depth (in functions,
+    classes, loops); the cell is the one ``pre_run_cell`` announced."""
+
+    def __init__(self):
+        self.cell, self.numbers = "?", {}
+
+    def pre_run_cell(self, info) -> None:
+        self.cell = cell_key(info.raw_cell or "")
+
+    def visit_Module(self, node):
+        self.numbers = {id(a): n for n, a in enumerate(numbered_asserts(node), 1)}
+        return self.generic_visit(node)
+
+    def _record(self, node):
+        self.generic_visit(node)
+        n = self.numbers.get(id(node))
+        if n is None:  # not a check, or one built by another transformer (not in the cell's source)
+            return node
+        call = ast.Expr(ast.Call(ast.Name(_SEEN, ast.Load()), [ast.Constant(self.cell), ast.Constant(n),
+                                 ast.Constant(_check_text(node)), ast.Constant(node.lineno)], []))
+        return [ast.fix_missing_locations(ast.copy_location(call, node)), node]
+
+    visit_Assert = visit_Expr = _record
+
+
+def record_asserts(shell, path) -> None:
+    """From now on, every check (:func:`_is_check`) this IPython ``shell`` runs, in cells and in functions
+    defined in them, wherever they run, is noted in ``path`` when reached. Not seen: checks in the
+    package's own code (``parlab.exercises``' checks included), in ``%%ranks`` cells (the magic compiles
+    the cell on the ranks) and in code built from strings."""
+    transformer = _RecordAsserts()
+    shell.user_ns[_SEEN] = _AssertSeen(str(path))
+    shell.user_ns_hidden[_SEEN] = shell.user_ns[_SEEN]
+    shell.events.register("pre_run_cell", transformer.pre_run_cell)
+    shell.ast_transformers.append(transformer)
+
+
+def recorded_asserts(path) -> dict[tuple[str, int], dict]:
+    """The checks a run recorded in ``path``: ``{(cell, n): {"cell", "n", "check", "line"}}``."""
+    records = [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+    return {(r["cell"], r["n"]): r for r in records}
+
+
+def skipped_asserts(notebook: nbformat.NotebookNode, defaults: dict, ci: dict) -> list[str]:
+    """The checks ``defaults`` (a default run's :func:`recorded_asserts`) reached and ``ci`` did not, each
+    as ``cell N, line L: CHECK`` (N counts the chapter's cells from 0, as nbformat does)."""
+    where = {cell_key(c.source): i for i, c in enumerate(notebook.cells) if c.cell_type == "code"}
+    return [f"cell {where.get(r['cell'], '?')}, line {r['line']}: {r['check']}"
+            for key, r in sorted(defaults.items(), key=lambda kv: (where.get(kv[0][0], -1), kv[0][1]))
+            if key not in ci]
 
 
 def run_course(paths, output_dir, *, ci: bool = False, html: bool = True, cell_timeout: float = 600,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import pathlib
 import re
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from dataclasses import dataclass, field
 UNDER_THE_HOOD = re.compile(r"^## Under the hood\b", re.M)
 #: The main path's budget: words of markdown, lines of code to read (cells + shown source), longest cell.
 LIMITS = {"words": 2500, "code_lines": 300, "longest_cell": 30}
+#: How fast a learner reads: prose at 200 words a minute, this course's code at 10 lines a minute (it is
+#: dense: every line is a collective, a shape or a check). A main path at the limits is about 40 minutes.
+READING_RATE = {"words_per_minute": 200, "code_lines_per_minute": 10}
 
 
 def show_source(obj) -> None:
@@ -52,6 +56,14 @@ class ChapterSizes:
     solutions: Part
     has_under_the_hood: bool
     unresolved: list  # show_source arguments that are not package objects (a notebook's own code is read already)
+
+    @property
+    def read_minutes(self) -> int:
+        """The main path's reading time at :data:`READING_RATE`, rounded up to 5 minutes: what a chapter's
+        Overview states ("about 25 minutes to read")."""
+        minutes = (self.main.words / READING_RATE["words_per_minute"]
+                   + self.main.code_lines / READING_RATE["code_lines_per_minute"])
+        return max(5, 5 * math.ceil(minutes / 5))
 
     def over_limits(self) -> list[str]:
         """What the main path exceeds, in words: empty when it meets :data:`LIMITS`."""
@@ -130,10 +142,11 @@ def chapter_sizes(path) -> ChapterSizes:
 
 def table(sizes: list[ChapterSizes]) -> str:
     """One row per chapter: main path and Under the hood, as a Markdown table."""
-    head = ("chapter", "main words", "main code (cells + shown)", "longest cell", "under the hood words",
-            "under the hood code", "within limits")
+    head = ("chapter", "main words", "main code (cells + shown)", "longest cell", "read (min)",
+            "under the hood words", "under the hood code", "within limits")
     rows = [(s.chapter, str(s.main.words), f"{s.main.code_lines} ({s.main.cell_lines} + {s.main.shown_lines})",
-             str(s.main.longest_cell), str(s.under_the_hood.words), str(s.under_the_hood.code_lines),
+             str(s.main.longest_cell), str(s.read_minutes), str(s.under_the_hood.words),
+             str(s.under_the_hood.code_lines),
              "yes" if not s.over_limits() else "; ".join(s.over_limits())) for s in sizes]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])

@@ -286,7 +286,11 @@ class _Launch:
             if r.state == "ok":
                 out[r.rank] = "had returned"
             elif r.state == "raised":
-                out[r.rank] = f"raised {r.error['type']}: {_first_line(r.error['message'])}"
+                if r.error["kind"] == "comm":  # its first sentence says enough; the cause is reported above
+                    out[r.rank] = (f"raised {r.error['type']}: {_sentence(r.error['message'], first=True)} "
+                                   f"(a follow-on error: a rank it was talking to had gone)")
+                else:
+                    out[r.rank] = f"raised {r.error['type']}: {_sentence(r.error['message'])}"
             elif r.state == "dead":
                 out[r.rank] = describe_exit(r.exitcode)
             elif r.state == "unpicklable":
@@ -344,12 +348,12 @@ class _Launch:
             elif r.state == "raised":
                 waited.append(r.rank)
                 stacks[r.rank] = (f"waited in a collective until it timed out "
-                                  f"({_gloo_message(r.error['message'])}), at:\n{_indent(r.error['where'])}")
+                                  f"({_gloo_message(r.error['message'])}), at:\n{_indent(_cell_names(r.error['where']))}")
             elif r.stack is not None:
                 text, in_collective = r.stack
                 (waited if in_collective else busy).append(r.rank)
                 what = "waiting in a collective" if in_collective else "busy outside any collective"
-                stacks[r.rank] = f"{what}, at:\n{_indent(text)}"
+                stacks[r.rank] = f"{what}, at:\n{_indent(_cell_names(text))}"
             else:
                 stacks[r.rank] = statuses[r.rank]
         parts = []
@@ -506,17 +510,29 @@ def _try(fn, *args) -> None:
         pass
 
 
-def _first_line(text: str) -> str:
-    return (text.strip().splitlines() or [""])[0][:200]
-
-
 def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
 
 
+def _sentence(text: str, limit: int = 200, first: bool = False) -> str:
+    """A message in one line for a rank's status: its first line, without the source file gloo prefixes
+    (``[.../pair.cc:553] ``), and when longer than ``limit`` cut after a whole sentence, never mid-word;
+    ``first``: only its first sentence."""
+    line = re.sub(r"^\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", (text.strip().splitlines() or [""])[0])
+    if first and ". " in line[:limit]:
+        return line[:line.index(". ") + 1]
+    if len(line) <= limit:
+        return line
+    cut = line[:limit]
+    end = max(cut.rfind(". "), cut.rfind("; "))
+    if end >= 40:
+        return cut[:end + 1]
+    return cut[:cut.rfind(" ")].rstrip(",;:") + " …"
+
+
 def _gloo_message(text: str) -> str:
     """gloo prefixes its messages with its source file; the learner needs the sentence."""
-    return re.sub(r"^\[[^\]]*\]\s*", "", _first_line(text))
+    return _sentence(re.sub(r"^\[[^\]]*\]\s*", "", text.strip()))
 
 
 def _indent(text: str) -> str:

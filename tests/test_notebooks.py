@@ -194,9 +194,7 @@ def test_links_checker_catches_broken_links(tmp_path):
 # Chapters whose CI parameters still skip asserts that their defaults run: reported (xfail, with the asserts),
 # not yet held to it. Remove yours when test_ci_parameters_keep_every_assert_alive passes for it (the test
 # says so when it does). Measured on 1 Dec 2026 with the chapters as they were: 00–06 pass, 07 does not.
-ASSERTS_NOT_YET = {
-    "07_putting_it_together",  # at 4 ranks dp = 1: its ZeRO-1 memory and byte checks never run (planner helper)
-}
+ASSERTS_NOT_YET: set[str] = set()
 
 _RUNS: dict[tuple[pathlib.Path, bool], tuple[course.ChapterResult, dict]] = {}
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import parlab.planner
 from parlab.exercises import (
     ExerciseFailed,
     check_crossover_bytes,
@@ -22,23 +23,29 @@ from parlab.exercises import (
 from parlab.exercises.ch01 import _max_params
 from parlab.exercises.ch02 import _crossover_bytes
 from parlab.exercises.ch03 import _reference_buckets, _reference_weighted_average
+from parlab.models import tiny_gpt2
+from parlab.parallel import expert
 from parlab.ring import ring_all_reduce
 
 
-def solutions(notebook: str) -> dict:
+def solutions(chapter: str, count: int | None = None, **names) -> dict:
     """What a chapter's collapsed solution cells (tagged ``solution``) define, run as the learner would open
-    them, with the names the chapter imported before them."""
+    them, with ``torch``, ``dist``, ``math`` and ``names`` standing for what the chapter imported before them.
+    ``chapter`` is its number ("04") or file name; ``count``, when given, the number of solution cells."""
     import math
     from pathlib import Path
 
     import nbformat
 
-    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / notebook, as_version=4)
-    cells = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
-    assert cells and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in cells), "collapsed"
-    namespace = {"torch": torch, "dist": dist, "math": math}
+    folder = Path(__file__).parents[1] / "notebooks"
+    path = folder / chapter if chapter.endswith(".ipynb") else next(folder.glob(f"{chapter}_*.ipynb"))
+    cells = [c for c in nbformat.read(path, as_version=4).cells if "solution" in c.metadata.get("tags", [])]
+    assert cells and all(c.metadata.get("jupyter", {}).get("source_hidden") is True for c in cells), (
+        f"{path.name}: its solution cells must exist and be collapsed")
+    assert count is None or len(cells) == count, f"{path.name}: {len(cells)} solution cells, expected {count}"
+    namespace = {"torch": torch, "dist": dist, "math": math, **names}
     for cell in cells:
-        exec(cell.source, namespace)
+        exec(cell.source, namespace)  # noqa: S102 - the chapter's own solution cells
     return namespace
 
 
@@ -116,27 +123,12 @@ def test_chapter_00_solutions_pass_their_checks():
 
 # ---- chapter 01 -------------------------------------------------------------------------------------
 
-def chapter_solutions(chapter: str) -> dict:
-    """The chapter's collapsed solution cells (tagged ``solution``), executed: what a learner opens."""
-    import pathlib
-
-    import nbformat
-
-    path = next((pathlib.Path(__file__).parent.parent / "notebooks").glob(f"{chapter}_*.ipynb"))
-    cells = [c for c in nbformat.read(path, as_version=4).cells if "solution" in c.metadata.get("tags", [])]
-    assert cells and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in cells), "collapsed solutions"
-    scope: dict = {}
-    for cell in cells:
-        exec(cell.source, scope)  # noqa: S102 - the chapter's own solution cells
-    return scope
-
-
 def counts_the_gate_output(s, b, h, i, bytes_per_value):
     return bytes_per_value * s * b * (h + 4 * i)
 
 
 def test_gated_mlp_check_against_measurement():
-    assert "all 4 cases" in repr(check_gated_mlp_bytes(chapter_solutions("01")["solution_gated_relu_mlp_bytes"]))
+    assert "all 4 cases" in repr(check_gated_mlp_bytes(solutions("01")["solution_gated_relu_mlp_bytes"]))
     with pytest.raises(ExerciseFailed, match=r"s=16, b=2, h=32, i=96, bytes_per_value=4\) = 53248; "
                                              r"measured 40,960 bytes. You counted one s·b·i tensor too many"):
         check_gated_mlp_bytes(counts_the_gate_output)
@@ -177,7 +169,7 @@ def halves_both(h, a, s, b):
 
 
 def test_activation_scaling_check_both_ways():
-    solution = chapter_solutions("01")["solution_activation_scaling"]
+    solution = solutions("01")["solution_activation_scaling"]
     assert "all 6 layers" in repr(check_activation_scaling(solution))
     assert solution(h=1600, a=25, s=1024, b=8) == pytest.approx((2, 114 / 37))  # 34 + 80 against (34 + 40) / 2
     with pytest.raises(ExerciseFailed, match=r"expected \(2, 3\.081\), got \(2\.0, 2\.0\)\. Halving s halves"):
@@ -189,14 +181,14 @@ def max_params_forgets_sharding(gpu_gb, n_d, stage, k=12):
 
 
 def test_max_params_check_both_ways():
-    solutions = chapter_solutions("01")
-    assert "agrees with the reference" in repr(check_max_params(solutions["solution_max_params"]))
+    shown = solutions("01")
+    assert "agrees with the reference" in repr(check_max_params(shown["solution_max_params"]))
     assert _max_params(80, 1, 0) == pytest.approx(5e9)  # 80 GB / 16 bytes per parameter
     with pytest.raises(ExerciseFailed, match=r"max_params_forgets_sharding\(gpu_gb=24, n_d=8, stage=1\): "
                                              r"expected 4\.364e\+09, got 1500000000\.0"):
         check_max_params(max_params_forgets_sharding)
     assert "5 B parameters; 64 with ZeRO-3, 320 B" in repr(
-        check_largest_models(solutions["solution_one_gpu_b"], solutions["solution_zero3_64_b"]))
+        check_largest_models(shown["solution_one_gpu_b"], shown["solution_zero3_64_b"]))
     with pytest.raises(ExerciseFailed, match="zero3_64 = 80"):  # planted: the GPU size for the model size
         check_largest_models(5, 80)
     with pytest.raises(ExerciseFailed, match="in billions of parameters"):
@@ -343,21 +335,6 @@ def _real(sizes, bucket_bytes):
 
 # -- chapters 05 and 06: the collapsed solutions pass, planted wrong answers and copies fail --------------
 
-def _solutions(notebook: str, namespace: dict) -> dict:
-    """Execute a chapter's solution cells (tagged ``solution``, collapsed) in ``namespace``: what they define."""
-    from pathlib import Path
-
-    import nbformat
-
-    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / notebook, 4)
-    cells = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
-    assert cells, f"{notebook} has no solution cells"
-    for cell in cells:
-        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, f"{notebook}: a solution cell is not collapsed"
-        exec(cell.source, namespace)
-    return namespace
-
-
 def test_chapter_05_solutions_pass_and_copies_fail():
     import torch.nn.functional as F
 
@@ -365,7 +342,7 @@ def test_chapter_05_solutions_pass_and_copies_fail():
     from parlab.exercises.ch05 import _reference_tp_collectives
     from parlab.parallel import tensor as tp
 
-    sol = _solutions("05_tensor_parallel.ipynb", {"F": F, "tp": tp, "torch": torch})
+    sol = solutions("05", F=F, tp=tp)
     assert "one all-reduce" in repr(check_row_parallel_forward(sol["solution_row_parallel_forward"], world_size=2))
     assert "all 8 chains" in repr(check_tp_collectives(sol["solution_tp_collectives"]))
     assert "both reasons" in repr(check_sp_costs(sol["solution_sp_recompute"], sol["solution_norms"],
@@ -400,7 +377,7 @@ def test_chapter_06_solutions_pass_and_wrong_answers_fail():
     )
     from parlab.parallel import pipeline_schedule as ps
 
-    sol = _solutions("06_pipeline_parallel.ipynb", {"ps": ps})
+    sol = solutions("06", ps=ps)
     check_one_f_one_b_order(sol["solution_one_f_one_b_order"])
     check_smallest_micro_batches(sol["solution_smallest_micro_batches"])
     check_peak_activations(sol["solution_peak_activations"])
@@ -545,27 +522,10 @@ def test_model_states_check_both_ways():
     assert parlab.measure.estimate_memory(num_params=10).model_states == 160  # and the package's answer is back
 
 
-def _chapter_07_solutions() -> dict:
-    """What chapter 07's collapsed solution cells (tagged ``solution``) define, with the names it imported."""
-    from pathlib import Path
-
-    import nbformat
-
-    from parlab import measure, planner
-
-    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / "07_putting_it_together.ipynb", as_version=4)
-    cells = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
-    assert len(cells) == 3 and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in cells)
-    namespace = {"measure": measure, "planner": planner}
-    for cell in cells:
-        exec(cell.source, namespace)
-    return namespace
-
-
 def test_chapter_07_solutions_pass_their_checks():
     from parlab.exercises import check_group_ranks, check_layout_choice, check_model_states
 
-    shown = _chapter_07_solutions()
+    shown = solutions("07", 3, measure=parlab.measure, planner=parlab.planner)
     check_group_ranks(shown["solution_group_ranks"])
     check_model_states(shown["solution_model_states"])
     for seed in (0, 1):  # fresh scenarios each time; two draws here
@@ -579,7 +539,7 @@ def test_layout_choice_check_both_ways():
     from parlab.planner import candidates as bound_candidates
     from parlab.planner import predict as bound_predict
 
-    solution = _chapter_07_solutions()["solution_choose_layout"]
+    solution = solutions("07", 3, measure=parlab.measure, planner=parlab.planner)["solution_choose_layout"]
     # draws differ from call to call: nothing to write down in advance
     assert [d for d, _, _ in scenarios(4, seed=0)] != [d for d, _, _ in scenarios(4, seed=1)]
     with pytest.raises(ExerciseFailed, match="TP 32 spans nodes of 8 GPUs|TP 16 spans nodes of 8 GPUs"):
@@ -604,25 +564,6 @@ def test_layout_choice_check_both_ways():
 
 
 # ---- chapter 04 -------------------------------------------------------------------------------------
-
-def _chapter_04_solutions() -> dict:
-    """The solutions chapter 04 shows in its collapsed ``solution`` cells, defined as the chapter defines them."""
-    import math
-    from pathlib import Path
-
-    import nbformat
-
-    from parlab.models import tiny_gpt2
-
-    notebook = nbformat.read(Path(__file__).parents[1] / "notebooks" / "04_zero.ipynb", 4)
-    cells = [c.source for c in notebook.cells if "solution" in c.metadata.get("tags", [])]
-    assert len(cells) == 4 and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in notebook.cells
-                                   if "solution" in c.metadata.get("tags", []))
-    namespace = {"torch": torch, "dist": dist, "math": math, "tiny_gpt2": tiny_gpt2}
-    for source in cells:
-        exec(source, namespace)
-    return namespace
-
 
 def _summed_to_owners(flat):  # planted: the sum, not the average
     n = dist.get_world_size()
@@ -656,8 +597,8 @@ def _reduce_scattered(flat):  # right values, through the collective the exercis
 def test_chapter_04_reduce_to_owners_both_ways():
     from parlab.exercises import ch04, check_reduce_to_owners
 
-    solutions = _chapter_04_solutions()
-    assert "from reduces alone" in repr(check_reduce_to_owners(solutions["solution_reduce_to_owners"]))
+    shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
+    assert "from reduces alone" in repr(check_reduce_to_owners(shown["solution_reduce_to_owners"]))
     with pytest.raises(ExerciseFailed, match="that is the sum over ranks"):
         check_reduce_to_owners(_summed_to_owners)
     with pytest.raises(ExerciseFailed, match=r"⌈10/3⌉ = 4 elements"):
@@ -671,12 +612,12 @@ def test_chapter_04_reduce_to_owners_both_ways():
 def test_chapter_04_peak_gathered_both_ways():
     from parlab.exercises import ch04, check_peak_gathered
 
-    solutions = _chapter_04_solutions()
-    assert "8 cases" in repr(check_peak_gathered(solutions["solution_peak_gathered"]))
+    shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
+    assert "8 cases" in repr(check_peak_gathered(shown["solution_peak_gathered"]))
     with pytest.raises(ExerciseFailed, match="need padding"):
-        check_peak_gathered(lambda blocks, root, prefetch, n: solutions["solution_peak_gathered"](blocks, root, prefetch, 1))
+        check_peak_gathered(lambda blocks, root, prefetch, n: shown["solution_peak_gathered"](blocks, root, prefetch, 1))
     with pytest.raises(ExerciseFailed, match="without prefetch"):
-        check_peak_gathered(lambda blocks, root, prefetch, n: solutions["solution_peak_gathered"](blocks, root, False, n))
+        check_peak_gathered(lambda blocks, root, prefetch, n: shown["solution_peak_gathered"](blocks, root, False, n))
     with pytest.raises(ExerciseFailed, match="not with the check's own reference"):
         check_peak_gathered(lambda *args: ch04.reference_peak_gathered(*args))
     assert ch04.reference_peak_gathered([1, 2], 0, True, 1) == 3  # and the package's answer is back
@@ -686,13 +627,13 @@ def test_chapter_04_accumulation_volume_both_ways():
     from parlab import planner
     from parlab.exercises import check_accumulation_volume
 
-    solutions = _chapter_04_solutions()
-    assert "all 5 strategies" in repr(check_accumulation_volume(solutions["solution_accumulation_volume"]))
+    shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
+    assert "all 5 strategies" in repr(check_accumulation_volume(shown["solution_accumulation_volume"]))
     with pytest.raises(ExerciseFailed, match="where does the next micro-batch's gradient go"):  # planted: as stage 1
         check_accumulation_volume(lambda s, m: 2 if s in ("ddp", "zero1", "zero2") else
-                                  solutions["solution_accumulation_volume"](s, m))
+                                  shown["solution_accumulation_volume"](s, m))
     with pytest.raises(ExerciseFailed, match="does every micro-batch's forward find the weights gathered"):
-        check_accumulation_volume(lambda s, m: solutions["solution_accumulation_volume"](s, 1 if s.startswith("zero3") else m))
+        check_accumulation_volume(lambda s, m: shown["solution_accumulation_volume"](s, 1 if s.startswith("zero3") else m))
 
     def priced(strategy, micro_batches):  # the planner's answer, refused
         costs = {op: (0.0, 1.0) for op in ("all_reduce", "all_gather", "reduce_scatter")}
@@ -706,9 +647,9 @@ def test_chapter_04_keep_gathered_both_ways():
     from parlab.exercises import check_keep_gathered
 
     sizes = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)
-    solutions = _chapter_04_solutions()
+    shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
     for world_size in (3, 4):
-        block, saved = solutions["solution_keep_gathered"](sizes, world_size)
+        block, saved = shown["solution_keep_gathered"](sizes, world_size)
         assert "keep block 1" in repr(check_keep_gathered(block, saved, sizes, world_size))
         with pytest.raises(ExerciseFailed, match="which one's backward comes first"):  # planted: the first block
             check_keep_gathered(0, saved, sizes, world_size)
@@ -726,30 +667,13 @@ def _gpt_block(sizes):
 
 # ---- chapter 09 -------------------------------------------------------------------------------------
 
-def _chapter_09_solutions() -> dict:
-    """The solution cells chapter 09 shows (collapsed; the chapter's checks never read them), executed."""
-    from pathlib import Path
-
-    import nbformat
-
-    from parlab.parallel import expert
-
-    notebook = nbformat.read(Path(__file__).parents[1] / "notebooks" / "09_context_and_expert_parallelism.ipynb", 4)
-    namespace = {"__name__": "chapter_09_solutions", "torch": torch, "epx": expert}  # what the chapter imported
-    for cell in notebook.cells:
-        if "solution" in cell.metadata.get("tags", []):
-            assert cell.metadata.get("jupyter", {}).get("source_hidden"), "a solution cell is collapsed"
-            exec(cell.source, namespace)
-    return namespace
-
-
 def test_chapter_09_solutions_pass_and_wrong_answers_fail():
     from parlab.exercises import check_online_softmax_combine, check_received
     from parlab.parallel import context, expert
 
-    solutions = _chapter_09_solutions()
-    assert "✅" in repr(check_online_softmax_combine(solutions["solution_combine"], world_size=3))
-    assert "✅" in repr(check_received(solutions["solution_received"], world_size=3))
+    shown = solutions("09", __name__="chapter_09_solutions", epx=expert)
+    assert "✅" in repr(check_online_softmax_combine(shown["solution_combine"], world_size=3))
+    assert "✅" in repr(check_received(shown["solution_received"], world_size=3))
 
     def plain_sum(m1, l1, acc1, m2, l2, acc2):  # no rescaling to the larger maximum
         return torch.maximum(m1, m2), l1 + l2, acc1 + acc2

@@ -22,7 +22,7 @@ import functools
 import torch
 
 import parlab
-from parlab.measure import record_comm, time_alternating
+from parlab.measure import bytes_written, record_comm, time_alternating
 
 KINDS = ("scratch", "dtensor")
 LABELS = {"scratch": "course (from scratch)", "dtensor": "DTensor parallelize_module"}
@@ -31,15 +31,6 @@ PRESETS = {  # a CPU box, and GPUs
     "cpu": dict(hidden=256, layers=4, heads=8, kv_heads=4, seq_len=128, batch=4, vocab=1024, mlp_batch=512),
     "gpu": dict(hidden=2048, layers=4, heads=16, kv_heads=8, seq_len=1024, batch=8, vocab=32000, mlp_batch=8192),
 }
-
-
-def bytes_written():
-    """Bytes this process has written so far (/proc/self/io; Linux): on CPU, gloo's traffic; else None."""
-    try:
-        with open("/proc/self/io") as f:
-            return int(next(line for line in f if line.startswith("wchar")).split()[1])
-    except (OSError, StopIteration):
-        return None
 
 
 def build(model: str, how: str, cfg: dict, mesh):

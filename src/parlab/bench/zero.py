@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.measure import measure_memory, peak_memory, time_alternating
+from parlab.measure import bytes_written, measure_memory, peak_memory, time_alternating
 
 KINDS = ("ddp", "zero1", "zero2", "zero3", "zero3_prefetch", "fsdp2")
 LABELS = {"ddp": "DistributedDataParallel", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
@@ -186,15 +186,6 @@ class FirstGradients:
         return out
 
 
-def bytes_sent():
-    """Bytes this process has handed to write()/send() so far: on CPU, gloo's traffic (Linux only; else None)."""
-    try:
-        with open("/proc/self/io") as f:
-            return int(next(line for line in f if line.startswith("wchar")).split()[1])
-    except (OSError, StopIteration):
-        return None
-
-
 def train(make, cfg: dict) -> dict:
     """Runs on every rank: ``cfg["steps"]`` steps of ``make(model, log)`` (a wrapper) on this rank's shard of
     each global batch. ``cfg``: ``sizes`` (``tiny_gpt2``'s), ``batch_per_rank``, ``seq_len``, ``steps``.
@@ -226,7 +217,7 @@ def train(make, cfg: dict) -> dict:
         span = (lambda name: contextlib.nullcontext()) if blocks_spans else timeline.span
         batch = token_batch(cfg["batch_per_rank"] * n, cfg["seq_len"], cfg["sizes"]["vocab_size"], seed=step)
         x = shard(batch, rank, n).to(dev)  # (batch_per_rank, seq_len)
-        before = bytes_sent()
+        before = bytes_written()
         with watch() as seen:
             with span("forward"):
                 loss = zero(input_ids=x, labels=x).loss
@@ -235,7 +226,7 @@ def train(make, cfg: dict) -> dict:
             grads.after_backward()
             with timeline.span("step"):
                 zero.step()
-        sent = None if before is None else bytes_sent() - before
+        sent = None if before is None else bytes_written() - before
         held = measure_memory(zero, zero.optimizer).as_dict()  # after the step, before zero_grad
         zero.zero_grad()
         total = loss.detach().clone()

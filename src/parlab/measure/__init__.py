@@ -45,6 +45,7 @@ from parlab.measure.comm import (
     algbw,
     bus_factor,
     busbw,
+    bytes_written,
     comm_table,
     describe_group,
     record_comm,
@@ -68,6 +69,7 @@ from parlab.measure.steptime import summarize, time_alternating
 from parlab.measure.timeline import Event, Timeline, idle_gaps, merge
 
 __all__ = [
+    "bytes_written",
     "ZERO_PAPER_TABLE1",
     "ActivationTracker",
     "BandwidthPoint",

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.job.train_fsdp import CONFIG, build_model, dataset
+from parlab.launch.cluster import exit_without_teardown
 
 #: The Trainer's FSDP2: ``TrainingArguments(fsdp=True, fsdp_config=TRAINER_FSDP)``.
 TRAINER_FSDP = {
@@ -122,6 +123,9 @@ def main():
     result = trainer_job(json.loads(args.config), fsdp=args.fsdp)
     if dist.get_rank() == 0:
         torch.save(result, args.out)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    exit_without_teardown()  # the Trainer's backward ran DDP's all-reduces on gloo: see its docstring
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 
 
@@ -77,3 +78,21 @@ def run_in_job(job: Job, fn, args, kwargs, world_size, backend, timeout, announc
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+def exit_without_teardown(code: int = 0) -> None:
+    """End a rank that torchrun or SLURM started, after ``destroy_process_group``, skipping the interpreter's
+    teardown (what ``parlab.launch``'s own ranks always do).
+
+    Why: every ``backward()`` stashes a Python object (its ``contextvars`` context) in the thread's state,
+    and a collective issued during backward (DDP's bucket all-reduces, FSDP2's reduce-scatters) copies that
+    state into its work item. gloo's worker thread frees the item a moment after the collective completes;
+    freeing it takes the GIL. If the main thread has meanwhile begun to shut the interpreter down, the
+    worker's wait for the GIL ends its thread (``take_gil`` calls ``pthread_exit`` on Python 3.11-3.13), the
+    unwind meets a ``noexcept`` destructor, and the rank aborts with "terminate called without an active
+    exception" (PyTorch issue 117762). ``destroy_process_group`` does not join those threads while a DDP or
+    FSDP model still holds the group. ``os._exit`` skips the teardown; output is flushed first.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -127,20 +127,25 @@ class MoE(nn.Module):
         self.w_in = nn.Parameter(torch.randn(num_experts, hidden, ffn, generator=g, dtype=dtype) / hidden ** 0.5)
         self.w_out = nn.Parameter(torch.randn(num_experts, ffn, hidden, generator=g, dtype=dtype) / ffn ** 0.5)
 
-    def forward(self, x, groups: int = 1):
+    def forward(self, x, groups: int | list[int] = 1):
+        parts = x.tensor_split(groups) if isinstance(groups, int) else x.split(list(groups))
+        largest = max(len(part) for part in parts)  # every group's capacity from the largest, as EP ranks agree
         outs, aux, routings = [], 0.0, []
-        for part in x.chunk(groups):
+        for part in parts:
             y, loss, routing = moe_forward(part, self.router, self.num_experts, self.top_k, self.capacity_factor,
-                                           lambda buf: run_experts(buf, self.w_in, self.w_out))
+                                           lambda buf: run_experts(buf, self.w_in, self.w_out), tokens=largest)
             outs.append(y)
-            aux = aux + loss / groups
+            aux = aux + loss / len(parts)
             routings.append(routing)
         return torch.cat(outs), aux, routings
 
 
-def moe_forward(x, router, num_experts, top_k, capacity_factor, experts):
-    """Route, dispatch, ``experts(buffer (E, C, h))``, combine: one group's MoE layer. Returns (y, aux, routing)."""
-    routing = route(x @ router, top_k, capacity(x.shape[0], num_experts, top_k, capacity_factor))
+def moe_forward(x, router, num_experts, top_k, capacity_factor, experts, tokens: int | None = None):
+    """Route, dispatch, ``experts(buffer (E, C, h))``, combine: one group's MoE layer. Returns (y, aux, routing).
+    ``tokens``: the group size the capacity is computed for (default this group's; the largest group's when
+    groups differ, so that every group's buffer has the same shape)."""
+    tokens = x.shape[0] if tokens is None else tokens
+    routing = route(x @ router, top_k, capacity(tokens, num_experts, top_k, capacity_factor))
     y = combine(experts(dispatch(x, routing, num_experts)), routing)
     return y, load_balancing_loss(routing), routing
 
@@ -198,7 +203,14 @@ class ExpertParallelMoE(nn.Module):
         self.w_out = nn.Parameter(moe.w_out.detach()[mine.start:mine.stop].clone())
 
     def forward(self, x):
-        return moe_forward(x, self.router, self.num_experts, self.top_k, self.capacity_factor, self._experts)
+        # Ranks may hold different numbers of tokens (an uneven Layout of a sequence, the last batch): each
+        # would compute another capacity, and the all-to-all's splits would not match. They agree on the
+        # largest count first, so that every buffer is (E, C, h) with the same C.
+        count = torch.tensor([x.shape[0]], device=x.device)
+        communicate("all_reduce", count, self.group, on_collective=self.on_collective, label="tokens (max)",
+                    reduce_op=dist.ReduceOp.MAX)
+        return moe_forward(x, self.router, self.num_experts, self.top_k, self.capacity_factor, self._experts,
+                           tokens=int(count))
 
     def _experts(self, buffer):
         e, c, h = buffer.shape  # (E, C, h): every expert's slots of this rank's tokens
@@ -229,16 +241,20 @@ def busiest_over_mean(tokens_per_rank) -> float:
 
 def sync_gradients(layer: ExpertParallelMoE, topology, dense_group=None) -> None:
     """Data parallelism around expert parallelism (``Topology(ep=...)``, chapter 09), each rank's loss the
-    mean over its own tokens: the router's gradient is averaged over every data-parallel rank
-    (``dense_group``, default ``topology.group("dp")``), the experts' summed over ``edp`` (the ranks holding
-    the same experts) and divided by the *same* count, dp × cp, not by edp: each rank's expert gradient
-    already sums the ep ranks whose tokens it served (torchtitan's ``fsdp_gradient_divide_factor``)."""
-    dense_group = dense_group if dense_group is not None else topology.group("dp")
+    mean over its own tokens: the router's gradient is summed over every rank that holds the same dense
+    weights, dp × cp of them (``dense_group``, default ``topology.group("dp_cp")``, torchtitan's
+    ``dp_shard_cp``: each cp rank saw other tokens of the sequence, so summing over dp alone misses them),
+    the experts' summed over ``edp`` (the ranks holding the same experts); both are divided by the *same*
+    count, dp × cp, not by edp: each rank's expert gradient already sums the ep ranks whose tokens it served
+    (torchtitan's ``fsdp_gradient_divide_factor``)."""
     ranks = topology.dp * topology.cp
-    communicate("all_reduce", layer.router.grad, dense_group, on_collective=layer.on_collective, label="router grad")
+    if ranks > 1:
+        dense_group = dense_group if dense_group is not None else topology.group("dp_cp")
+        communicate("all_reduce", layer.router.grad, dense_group, on_collective=layer.on_collective,
+                    label="router grad")
     layer.router.grad /= ranks
     for p in (layer.w_in, layer.w_out):
-        if topology.dp * topology.cp // topology.ep > 1:
+        if ranks // topology.ep > 1:
             communicate("all_reduce", p.grad, topology.group("edp"), on_collective=layer.on_collective,
                         label="expert grad")
         p.grad /= ranks

@@ -115,6 +115,9 @@ def test_routing_keeps_first_choices_first_and_balanced_loss_is_one():
     assert routing.expert[:, 0].tolist() == [0, 0, 0]
     assert routing.slot[:, 0].tolist() == [0, 1, -1]  # the third first choice finds expert 0 full
     assert routing.slot[:, 1].tolist() == [0, 0, 1]  # second choices: expert 1 (tokens 0, 2), 2 (token 1)
+    assert routing.dropped == 1 and routing.tokens_dropped == 0  # token 2 lost its first choice only
+    tight = epx.route(logits, top_k=2, capacity_=1)
+    assert tight.dropped == 3 and tight.tokens_dropped == 1  # token 2 lost both choices
     even = epx.route(torch.zeros(4, 4) + torch.eye(4) * 1e-3, top_k=1, capacity_=1)
     assert epx.load_balancing_loss(even).item() == pytest.approx(1.0, abs=1e-3)
 
@@ -310,3 +313,86 @@ def test_each_planted_moe_bug_is_caught_by_the_reference(bug, monkeypatch):
     error = max((y - want_y).abs().max().item(), abs(float(aux) - float(want_aux)))
     assert error > 1e3 * 1e-7, f"{bug}: max error {error:.3g} hides within assert_close's float64 tolerance"
     print(f"planted {bug}: max error {error:.3g}, {error / 1e-7:.0f}× the 1e-7 tolerance")
+
+
+# -- today's practice (parlab.parallel.expert_practice) ---------------------------------------------------
+
+def _dropless_on_ranks():
+    from parlab.parallel.expert_practice import DroplessExpertParallelMoE
+
+    r, n, log = dist.get_rank(), dist.get_world_size(), CommLog()
+    layer = DroplessExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64), on_collective=log)
+    x, weigh = (t.chunk(n)[r] for t in data(n))
+    x = x.clone().requires_grad_()
+    y, aux, routing = layer(x)
+    ((y * weigh).sum() + ALPHA * aux).backward()
+    dist.all_reduce(layer.router.grad)
+    return {"y": y.detach(), "x_grad": x.grad, "aux": aux.item(), "dropped": routing.dropped,
+            "grads": {name: p.grad for name, p in layer.named_parameters()},
+            "records": [(rec.label, rec.bytes) for rec in log.records]}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4], ids=lambda n: f"ep{n}")
+def test_dropless_expert_parallelism_matches_the_reference_and_sends_no_padding(n):
+    from parlab.parallel.expert_practice import dropless_bytes
+
+    results = parlab.launch(_dropless_on_ranks, world_size=n, announce=False, output="none")
+    moe = epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64)
+    x, weigh = data(n)
+    x.requires_grad_()
+    y, aux, _ = naive_moe(x, moe.router, moe.w_in, moe.w_out, 2, None, n)  # dropless: no capacity
+    ((y * weigh).sum() + ALPHA * n * aux).backward()
+    assert_close(torch.cat([res["y"] for res in results]), y.detach())
+    assert_close(torch.cat([res["x_grad"] for res in results]), x.grad)
+    assert_close(sum(res["aux"] for res in results) / n, aux.item())
+    place = epx.placement(EXPERTS, n)
+    for r, res in enumerate(results):
+        assert res["dropped"] == 0
+        assert_close(res["grads"]["router"], moe.router.grad)
+        for name in ("w_in", "w_out"):
+            assert_close(res["grads"][name], getattr(moe, name).grad[place[r].start:place[r].stop])
+        expected = dropless_bytes(TOKENS, 2, HIDDEN, EXPERTS, 8)
+        sent = dict(res["records"][:2])
+        assert sent == {"counts": expected["counts"], "dispatch forward": expected["dispatch"]}
+        padded = epx.all_to_all_bytes(place, r, epx.capacity(TOKENS, EXPERTS, 2, 1.25), HIDDEN, 8)["dispatch"]
+        assert expected["dispatch"] < padded  # capacity 1.25 pads a quarter more, and still drops
+
+
+def test_aux_loss_free_bias_reduces_the_imbalance():
+    from parlab.parallel.expert_practice import biased_top_k, update_bias
+
+    g = torch.Generator().manual_seed(5)
+    skew = torch.linspace(0, 2, EXPERTS)  # a router that prefers the last experts
+    bias, imbalance = torch.zeros(EXPERTS), []
+    for _ in range(300):
+        scores = torch.sigmoid(torch.randn(2048, EXPERTS, generator=g) + skew)  # DeepSeek-V3's affinities
+        expert, weight = biased_top_k(scores, bias, 2)
+        assert_close(weight.sum(-1), torch.ones(2048))
+        imbalance.append(epx.busiest_over_mean(torch.bincount(expert.flatten(), minlength=EXPERTS)))
+        bias = update_bias(bias, expert, gamma=0.002)
+    assert imbalance[0] > 2 and sum(imbalance[-20:]) / 20 < 1.1 and max(imbalance[-20:]) < 1.15
+    assert bias[0] > 0 > bias[-1]  # the unpopular expert raised, the popular one lowered
+
+
+def test_node_limited_routing_bounds_the_fan_out():
+    from parlab.parallel.expert_practice import node_limited_top_k
+
+    scores = torch.randn(64, 16, generator=torch.Generator().manual_seed(6))  # 4 nodes of 4 experts
+    for max_nodes in (1, 2):
+        expert = node_limited_top_k(scores, 4, nodes=4, max_nodes=max_nodes)
+        assert all(len(set((row // 4).tolist())) <= max_nodes for row in expert)
+    assert sum(len(set((row // 4).tolist())) > 2 for row in scores.topk(4, dim=-1).indices) > 10  # unlimited: more
+    plain = node_limited_top_k(scores, 4, nodes=4, max_nodes=4)  # every node allowed: plain top-k
+    assert torch.equal(plain.sort(-1).values, scores.topk(4, dim=-1).indices.sort(-1).values)
+    with pytest.raises(ValueError, match="nodes=3, max_nodes=1, top_k=4 for 16 experts"):
+        node_limited_top_k(scores, 4, nodes=3, max_nodes=1)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_balancing_loss_is_hugging_face_mixtrals_divided_by_k(top_k):
+    # HF's f_e counts assignments per token (it sums to k); ours per assignment (it sums to 1). A coefficient
+    # ported from a Mixtral config (router_aux_loss_coef) multiplies a loss k times ours.
+    mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
+    logits = torch.randn(TOKENS, EXPERTS, generator=torch.Generator().manual_seed(7))
+    ours = epx.load_balancing_loss(epx.route(logits, top_k, TOKENS))
+    assert_close(mixtral.load_balancing_loss_func((logits,), EXPERTS, top_k), top_k * ours)

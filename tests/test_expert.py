@@ -204,10 +204,15 @@ def _unequal_tokens(counts, cf):
     return y.detach(), x.grad, routing.capacity, {name: p.grad for name, p in moe.named_parameters()}
 
 
-@pytest.mark.parametrize("counts", [(8, 6), (8, 6, 7)], ids=["8-and-6", "8-6-7"])
+@pytest.mark.parametrize("counts", [(8, 6), (8, 6, 7), (21, 22)], ids=["8-and-6", "8-6-7", "layout-43-cp2"])
 def test_ranks_with_unequal_token_counts_agree_on_the_capacity(counts):
     # 8 tokens on one rank, 6 on the other: each used to compute its own capacity, and the all-to-all's
-    # sizes disagreed (gloo aborts, NCCL hangs). The ranks agree on the largest count's capacity.
+    # sizes disagreed (gloo aborts, NCCL hangs). The ranks agree on the largest count's capacity. (21, 22):
+    # what the course's own Layout(43, cp=2) gives its two ranks.
+    if counts == (21, 22):
+        from parlab.parallel import context as cpx
+
+        assert counts == tuple(len(cpx.Layout(43, 2).positions(r)) for r in range(2))
     n, cf = len(counts), 1.0
     results = parlab.launch(_unequal_tokens, world_size=n, args=(counts, cf), announce=False, output="none")
     moe = epx.MoE(HIDDEN, FFN, EXPERTS, 2, cf, dtype=torch.float64)
@@ -396,3 +401,20 @@ def test_balancing_loss_is_hugging_face_mixtrals_divided_by_k(top_k):
     logits = torch.randn(TOKENS, EXPERTS, generator=torch.Generator().manual_seed(7))
     ours = epx.load_balancing_loss(epx.route(logits, top_k, TOKENS))
     assert_close(mixtral.load_balancing_loss_func((logits,), EXPERTS, top_k), top_k * ours)
+
+
+def _dropless_unequal(counts):
+    from parlab.parallel.expert_practice import DroplessExpertParallelMoE
+
+    r = dist.get_rank()
+    layer = DroplessExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64))
+    return layer(data(len(counts))[0][sum(counts[:r]):sum(counts[:r + 1])])[0]
+
+
+def test_dropless_takes_unequal_token_counts():
+    counts = (8, 6)  # the splits say how many rows each rank sends: no agreement needed
+    got = torch.cat(parlab.launch(_dropless_unequal, world_size=2, args=(counts,), announce=False, output="none"))
+    moe = epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64)
+    with torch.no_grad():
+        want = naive_moe(data(2)[0][:14], moe.router, moe.w_in, moe.w_out, 2, None, list(counts))[0]
+    assert_close(got.detach(), want)

@@ -2,7 +2,8 @@
 (PyTorch's ``scaled_dot_product_attention``): outputs and gradients of q, k, v, at cp 2, 3 and 4, with
 grouped-query attention, causal (contiguous and load-balanced) and not, sequences that do not divide;
 bytes sent against ``ring_bytes``, work per rank against ``Layout.score_pairs``, memory kept for backward
-against the formula; a planted bug (the online softmax without its max correction) caught by a wide margin.
+against the formula; a planted bug (the online softmax without its max correction) caught by a wide margin;
+the pairs the kernel computes (whole blocks) against a head-and-tail-aware kernel's; the backward α-β model.
 """
 
 from __future__ import annotations

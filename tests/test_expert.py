@@ -1,7 +1,11 @@
 """Expert parallelism (``parlab.parallel.expert``, chapter 09) against the dense mixture of experts in one
 process: outputs, the load-balancing loss, dropped tokens and every gradient, at ep 2, 3 and 4 (6 experts:
 uneven placement at 4), top-1 and top-2, with and without dropping; all-to-all bytes against the formula;
-a planted bug (slots handed to the experts in the wrong order) caught by a wide margin.
+a planted bug (slots handed to the experts in the wrong order) caught by a wide margin. Both layers against
+an independent reference (``expert_reference.naive_moe``, token by token), with the three bugs it alone
+catches planted; ranks with unequal token counts; dp × ep and dp 2 × cp 2 × ep 2 training like one
+process; the loss against Switch by hand and Hugging Face's Mixtral; dropless dispatch, aux-loss-free
+balancing and node-limited routing (``expert_practice``).
 """
 
 from __future__ import annotations
@@ -275,8 +279,8 @@ def test_balancing_loss_is_one_when_balanced_and_switch_eq4_by_hand():
     hand = epx.route(probs.log(), top_k=1, capacity_=3)
     assert epx.load_balancing_loss(hand).item() == pytest.approx(47 / 45)
     router = torch.eye(2, dtype=torch.float64)  # so that each token's scores are its log probabilities
-    _, aux, _ = naive_moe(probs.log(), router, torch.zeros(2, 2, 1, dtype=torch.float64), torch.zeros(2, 1, 2, dtype=torch.float64),
-                          top_k=1, capacity_factor=None)
+    no_experts = torch.zeros(2, 2, 1, dtype=torch.float64), torch.zeros(2, 1, 2, dtype=torch.float64)
+    _, aux, _ = naive_moe(probs.log(), router, *no_experts, top_k=1, capacity_factor=None)
     assert float(aux) == pytest.approx(47 / 45)
 
 

@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 import parlab
+import parlab.runtime
+from parlab.launch import lease
+from parlab.launch.plan import record_launch
 
 
 def torchrun(target: str, nproc: int, *args: str, module: bool = False, timeout: float = 600,
@@ -22,7 +25,14 @@ def torchrun(target: str, nproc: int, *args: str, module: bool = False, timeout:
     full_env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", **(env or {}))
     for name in ("PARLAB_IN_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(name, None)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    # The course's one decision (parlab.runtime.choose): GPU mode when every process gets a GPU of its own,
+    # on GPUs leased from the workshop's pool (launch/lease.py); CPU mode sees none.
+    gpus = lease.pool_size(full_env)
+    mode = parlab.runtime.choose(nproc, 0, gpus)
+    record_launch(nproc, "auto", mode.device.type, mode.note, gpus, "torchrun")  # for `parlab run --require-gpu`
+    with lease.acquire(nproc, env=full_env, what=f"torchrun {target}") if mode.gpu else lease.Lease() as held:
+        full_env.update(held.env if mode.gpu else {"CUDA_VISIBLE_DEVICES": parlab.runtime.NO_GPUS})
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if done.returncode:
         raise RuntimeError(f"{' '.join(cmd[2:])} failed (exit {done.returncode}):\n{done.stdout[-2000:]}"
                            f"{done.stderr[-3000:]}")

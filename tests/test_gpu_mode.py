@@ -304,3 +304,36 @@ def test_every_fully_shard_gets_a_mesh():
              for m in re.finditer(r"(?<!def )\bfully_shard\((?![^)]*mesh=)[^)]*\)", text) if _code_before(text, m.start())]
     assert calls == [], "pass mesh= (parlab.runtime.mesh()): without it FSDP2 builds a CUDA mesh on a GPU machine " \
                         "even in CPU mode:\n" + "\n".join(calls)
+
+
+# -- one statement of the GPU runner's size; the workshop guide's sizes are the notebooks' ---------------------
+
+RUNNER = "a GPU runner: 1, 2, 4 or 8 NVIDIA GPUs"
+
+
+def test_one_statement_of_the_runner_size():
+    workflow = (ROOT / ".github/workflows/ci.yml").read_text()
+    ci = (ROOT / "docs/ci.md").read_text()
+    assert RUNNER in " ".join(line.lstrip("# ") for line in workflow.splitlines()) and RUNNER in ci
+    assert f"assert n >= 1, '{RUNNER}'" in workflow  # the install step fails only without any GPU
+    for text in (workflow, ci, (ROOT / "docs/workshop.md").read_text()):
+        assert not re.search(r"\b[48] or more (NVIDIA )?GPUs|\bn >= [2-8]\b", text), "an older statement of the size"
+
+
+def test_the_workshop_guide_states_each_chapters_world_size():
+    import nbformat
+
+    from parlab import course
+
+    table = {}
+    for row in re.findall(r"^\| ([0-9][0-9][–0-9, ]*) \| (\d+)[^|]*\| (\d+)[^|]*\|$",
+                          (ROOT / "docs/workshop.md").read_text(), re.M):
+        for part in row[0].split(", "):
+            first, _, last = part.partition("–")
+            for n in range(int(first), int(last or first) + 1):
+                table[f"{n:02d}"] = (int(row[1]), int(row[2]))
+    chapters = {}
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        chapters[path.name[:2]] = (course.world_size(nb, {}), course.world_size(nb, course.ci_parameters(nb)))
+    assert table == chapters

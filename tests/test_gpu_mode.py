@@ -337,3 +337,30 @@ def test_the_workshop_guide_states_each_chapters_world_size():
         nb = nbformat.read(path, as_version=4)
         chapters[path.name[:2]] = (course.world_size(nb, {}), course.world_size(nb, course.ci_parameters(nb)))
     assert table == chapters
+
+
+# -- launch inside a torchrun/SLURM job: one mode for every local rank -------------------------------------
+
+@pytest.mark.parametrize("local_world, gpu", [(2, True), (4, False)])
+def test_a_job_with_fewer_gpus_than_local_ranks_runs_every_rank_on_cpu(monkeypatch, local_world, gpu):
+    """2 GPUs: with 4 processes on the node, local ranks 0 and 1 used to take a GPU and 2 and 3 the CPU."""
+    from parlab.launch import cluster
+
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PARLAB_DEVICE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(name, "unset")  # restored after the test; run_in_job sets what it needs
+    for local_rank in range(local_world):
+        calls.clear()
+        job = cluster.Job(local_rank, local_world, local_rank, local_world, "torchrun")
+        got = cluster.run_in_job(job, lambda: os.environ["PARLAB_DEVICE"], (), None, local_world, "auto", 30, False)
+        if gpu:
+            assert got == f"cuda:{local_rank}" and calls["backend"] == "cpu:gloo,cuda:nccl"
+            assert calls["device_id"] == calls["set_device"] == torch.device("cuda", local_rank)
+        else:
+            assert got == "cpu" and calls["backend"] == "gloo" and calls["device_id"] is None
+            assert "set_device" not in calls and os.environ["CUDA_VISIBLE_DEVICES"] == ""

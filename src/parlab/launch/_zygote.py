@@ -44,10 +44,8 @@ FDS_PER_SPAWN = 4  # control socket, stdout, stderr, exit-status pipe
 # the kernel itself uses (transformers, strategies) and the torch modules earlier ranks had to import
 # themselves (DistributedDataParallel and FSDP import torch._dynamo when built); see launcher.py. Never
 # while idle: a launch arriving during a background import would wait for it.
-# torch._dynamo: DDP, FSDP and the first op under a TorchDispatchMode (parlab.measure.record_comm) import it,
-# a second or more per rank; imported here once, it never lands inside a rank's first timed collective.
-BASE_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "cloudpickle", "numpy", "parlab",
-                "parlab.launch._worker", "parlab.launch.cell")
+BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab", "parlab.launch._worker",
+                "parlab.launch.cell")
 
 
 CUDA_REFUSED = "initialised CUDA"

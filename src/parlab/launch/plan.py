@@ -27,7 +27,7 @@ class Plan:
     threads: int  # CPU threads per rank
     timeout: float
     note: str = ""
-    gpus: int = 0  # GPUs visible to the launch (the lease pool's when leasing)
+    gpus: int = 0  # GPUs visible to the launch (the lease pool's when leasing); 0 when backend="gloo" asked
 
     def describe(self) -> str:
         where = "CPU" if self.device_type == "cpu" else f"{self.world_size} GPU{'s' * (self.world_size > 1)}"
@@ -83,8 +83,7 @@ def make_plan(world_size, backend="auto", timeout=30.0, threads=None) -> Plan:
         )
     if threads is None:
         threads = max(1, cpu_count() // world_size)
-    return Plan(world_size, name, device_type, threads, float(timeout), note,
-                visible_gpus() if backend == "gloo" else gpus)
+    return Plan(world_size, name, device_type, threads, float(timeout), note, gpus)
 
 
 def record_launch(world_size: int, backend: str, device_type: str, note: str, gpus: int, via: str) -> None:

@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        "notebooks/)")
     run.add_argument("--no-html", action="store_true", help="do not write HTML copies")
     run.add_argument("--cell-timeout", type=float, default=600, help="seconds one cell may run (default 600)")
-    run.add_argument("--require-gpu", action="store_true", help="fail a chapter whose world_size would not run in "
-                                                                "GPU mode (NCCL) here: for GPU runners")
+    run.add_argument("--require-gpu", action="store_true", help="for GPU runners: fail a chapter with a launch that "
+                     "fits this machine's GPUs but ran on CPU; report the launches too large for them (they run on CPU)")
     times = sub.add_parser("times", help="check (or --write) each chapter's read, exercise and run times in its "
                                          "Overview and the README's course map, from one source (parlab.times)")
     times.add_argument("--write", action="store_true", help="rewrite the Overviews and the README's map")

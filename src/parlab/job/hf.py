@@ -21,6 +21,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+from parlab import runtime
 from parlab.job.train_fsdp import CONFIG, build_model, dataset
 from parlab.launch.cluster import exit_without_teardown
 
@@ -67,11 +68,20 @@ def deepspeed_config(stage: int, micro_batch: int = 4, accumulation: int = 2) ->
             "gradient_clipping": 1.0, "bf16": {"enabled": True}, "zero_optimization": zero}
 
 
+def _on_gpu() -> bool:
+    """GPU mode by the course's one decision: inside a launch, the group's (a CPU-mode rank on a GPU machine
+    must say use_cpu, or accelerate puts rank r on cuda:r); under ``torchrun -m parlab.job.hf``, before any
+    group, one GPU for every process on this machine."""
+    if dist.is_initialized() or "PARLAB_DEVICE" in os.environ:
+        return runtime.device().type == "cuda"
+    return runtime.choose(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))).gpu
+
+
 def _arguments(cfg, output_dir, fsdp):
     from transformers import TrainingArguments
 
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
-    cpu = not torch.cuda.is_available()
+    cpu = not _on_gpu()
     return TrainingArguments(
         output_dir=output_dir, use_cpu=cpu, ddp_backend="gloo" if cpu else None,
         per_device_train_batch_size=cfg["global_batch"] // (world * cfg["accumulation"]),
@@ -107,7 +117,7 @@ def accelerate_fsdp(cfg: dict | None = None) -> dict:
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
                                             auto_wrap_policy="transformer_based_wrap",
                                             transformer_cls_names_to_wrap=["GPT2Block"])
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), fsdp_plugin=plugin)
+    accelerator = Accelerator(cpu=not _on_gpu(), fsdp_plugin=plugin)
     model = accelerator.prepare(build_model(dict(CONFIG, **(cfg or {}))))
     return {"distributed_type": accelerator.distributed_type.name, "wrapped": type(model).__name__,
             "sharded": any(isinstance(p, DTensor) for p in model.parameters())}

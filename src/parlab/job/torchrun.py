@@ -15,6 +15,9 @@ import sys
 import tempfile
 
 import parlab
+import parlab.runtime
+from parlab.launch import lease
+from parlab.launch.plan import record_launch
 
 HEAD, TAIL = 15, 40  # lines of each rank's output kept in an error: where it started, where it stopped
 
@@ -36,13 +39,16 @@ def torchrun(target: str, nproc: int, *args: str, module: bool = False, timeout:
     full_env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     for name in ("PARLAB_IN_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(name, None)
-    import torch
-
-    if (torch.cuda.device_count() if torch.cuda.is_available() else 0) < nproc:
-        full_env["CUDA_VISIBLE_DEVICES"] = ""  # NCCL needs one GPU per rank: with fewer, every rank uses the CPU
     full_env.update(env or {})
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                          stdin=subprocess.DEVNULL)
+    # The course's one decision (parlab.runtime.choose): GPU mode when every process gets a GPU of its own,
+    # on GPUs leased from the workshop's pool (launch/lease.py); CPU mode sees none.
+    gpus = lease.pool_size(full_env)
+    mode = parlab.runtime.choose(nproc, 0, gpus)
+    record_launch(nproc, "auto", mode.device.type, mode.note, gpus, "torchrun")  # for `parlab run --require-gpu`
+    with lease.acquire(nproc, env=full_env, what=f"torchrun {target}") if mode.gpu else lease.Lease() as held:
+        full_env.update(held.env if mode.gpu else {"CUDA_VISIBLE_DEVICES": parlab.runtime.NO_GPUS})
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                              stdin=subprocess.DEVNULL)
     ranks = rank_outputs(logs)
     shutil.rmtree(logs, ignore_errors=True)
     printed = "".join(text for _, text in sorted(ranks.items()))

@@ -48,31 +48,32 @@ def run_in_job(job: Job, fn, args, kwargs, world_size, backend, timeout, announc
     import torch
     import torch.distributed as dist
 
-    from parlab.launch.plan import GPU_MODE_BACKEND
+    from parlab.runtime import NO_GPUS, choose
 
     if world_size != job.world_size:
         raise ValueError(
             f"launch(world_size={world_size}) was called in a job of {job.world_size} ranks started by "
             f"{job.source}; pass world_size={job.world_size} (e.g. int(os.environ['WORLD_SIZE'])) or start "
             f"the job with {world_size} ranks.")
-    gpu = torch.cuda.is_available() and torch.cuda.device_count() > job.local_rank
-    if backend == "nccl" and not gpu:
-        raise ValueError(f"backend='nccl' needs a GPU for local rank {job.local_rank}; "
-                         f"{torch.cuda.device_count()} visible. Use backend='gloo' or 'auto'.")
-    name = "nccl" if backend == "nccl" or (backend == "auto" and gpu) else "gloo"
-    device = f"cuda:{job.local_rank}" if name == "nccl" else "cpu"
+    # GPU mode only when every process on this node has a GPU of its own: never some ranks on CUDA and
+    # others on CPU in one group.
+    mode = choose(max(job.local_world_size, job.local_rank + 1), job.local_rank, backend=backend)
+    name, device = mode.name, str(mode.device)
+    if not mode.gpu and not torch.cuda.is_initialized():  # CPU mode sees no GPU (read when CUDA starts)
+        os.environ["CUDA_VISIBLE_DEVICES"] = NO_GPUS
     # parlab.rank()/device() read these; SLURM does not set the torchrun names.
     os.environ.update(RANK=str(job.rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank),
                       PARLAB_DEVICE=device)
     owned = not dist.is_initialized()
     if owned:
-        if name == "nccl":
-            torch.cuda.set_device(job.local_rank)
-        dist.init_process_group(GPU_MODE_BACKEND if name == "nccl" else name, init_method="env://", rank=job.rank,
-                                world_size=job.world_size, timeout=datetime.timedelta(seconds=timeout))
+        if mode.gpu:
+            torch.cuda.set_device(mode.device)
+        dist.init_process_group(mode.backend, init_method="env://", rank=job.rank, world_size=job.world_size,
+                                timeout=datetime.timedelta(seconds=timeout), device_id=mode.device if mode.gpu else None)
     if announce and job.rank == 0:
         print(f"parlab: {job.world_size} ranks · {name} · {'CPU' if name == 'gloo' else 'GPU'} · "
-              f"started by {job.source} ({job.local_world_size} per node)", flush=True)
+              f"started by {job.source} ({job.local_world_size} per node)" + (f" ({mode.note})" if mode.note else ""),
+              flush=True)
     try:
         return fn(*args, **(kwargs or {}))
     finally:

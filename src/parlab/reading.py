@@ -33,7 +33,13 @@ def show_source(obj) -> None:
     ``inspect.getsource``) so that the chapter's reading size counts what it shows."""
     from IPython.display import Code, display
 
-    display(Code(inspect.getsource(obj), language="python"))
+    display(Code(source(obj), language="python"))
+
+
+def source(obj) -> str:
+    """``obj``'s source as a chapter shows it: without the ``@answer_of`` line that marks an exercise's answer
+    (the exercises' plumbing, not the idea)."""
+    return "".join(line for line in inspect.getsourcelines(obj)[0] if not line.lstrip().startswith("@answer_of("))
 
 
 @dataclass
@@ -137,7 +143,7 @@ def chapter_sizes(path) -> ChapterSizes:
         for expr in _shown(cell.source):
             try:
                 obj = eval(expr, dict(ns))  # noqa: S307 - the chapter's own expression, over its imports
-                lines = _lines(inspect.getsource(obj))
+                lines = _lines(source(obj))
             except Exception:  # noqa: BLE001 - a notebook's own object: its cell is counted already
                 unresolved.append(expr)
                 continue

@@ -23,21 +23,30 @@ Each check passes the reference answer and fails a planted wrong one with a prec
 ``solution`` cells that only define them. A new chapter adds its own module here and one import line below.
 """
 
-from parlab.exercises.ch00 import check_hang_prediction, check_my_slice
-from parlab.exercises.ch01 import (check_activation_scaling, check_gated_mlp_bytes, check_largest_models,
-                                   check_max_params)
-from parlab.exercises.ch02 import (check_below_crossover, check_crossover_bytes, check_recursive_doubling,
-                                   check_send_buffer)
-from parlab.exercises.ch03 import check_ddp_buckets, check_early_buckets, check_weighted_average
-from parlab.exercises.ch04 import (check_accumulation_volume, check_keep_gathered, check_peak_gathered,
-                                   check_reduce_to_owners)
-from parlab.exercises.ch05 import check_row_parallel_forward, check_sp_costs, check_tp_collectives
-from parlab.exercises.ch06 import (check_interleave_tradeoff, check_message_cost, check_one_f_one_b_order,
-                                   check_peak_activations, check_smallest_micro_batches)
-from parlab.exercises.ch07 import check_group_ranks, check_layout_choice, check_model_states
-from parlab.exercises.ch08 import check_sharded_training
-from parlab.exercises.ch09 import check_online_softmax_combine, check_received
-from parlab.exercises.core import ExerciseFailed, Passed, check_choice, check_function, check_ranks, first_difference
+import importlib
+
+# Lazy, so that a package module can import ``core`` (for ``answer_of``) while ``parlab`` itself is being
+# imported, without pulling in every chapter's checks (and what they import) at that moment.
+_WHERE = {name: module for module, names in {
+    "ch00": ["check_hang_prediction", "check_my_slice"],
+    "ch01": ["check_activation_scaling", "check_gated_mlp_bytes", "check_largest_models", "check_max_params"],
+    "ch02": ["check_below_crossover", "check_crossover_bytes", "check_recursive_doubling", "check_send_buffer"],
+    "ch03": ["check_ddp_buckets", "check_early_buckets", "check_weighted_average"],
+    "ch04": ["check_accumulation_volume", "check_keep_gathered", "check_peak_gathered", "check_reduce_to_owners"],
+    "ch05": ["check_row_parallel_forward", "check_sp_costs", "check_tp_collectives"],
+    "ch06": ["check_interleave_tradeoff", "check_message_cost", "check_one_f_one_b_order", "check_peak_activations", "check_smallest_micro_batches"],
+    "ch07": ["check_group_ranks", "check_layout_choice", "check_model_states"],
+    "ch08": ["check_sharded_training"],
+    "ch09": ["check_online_softmax_combine", "check_received"],
+    "core": ["ExerciseFailed", "Passed", "check_choice", "check_function", "check_ranks", "first_difference"],
+}.items() for name in names}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"parlab.exercises.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'parlab.exercises' has no attribute {name!r}")
+
 
 __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference", "check_choice",
            "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_activation_scaling",

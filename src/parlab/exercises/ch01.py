@@ -3,20 +3,18 @@ layer's activations scale with the micro-batch and the sequence (Korthikanti et 
 model whose states fit a GPU under ZeRO (Rajbhandari et al. 2020).
 
 While the learner's function runs, the package's own answers (the measurement, the estimator, the
-reference functions here) are refused, both as module attributes (:func:`~parlab.exercises.core.without`)
-and as names the function reaches directly (an answer imported into the notebook before the check)."""
+reference functions here, each marked ``@answer_of``) are refused however the function reaches them
+(:func:`~parlab.exercises.core.refusing`)."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
-import types
 
 import torch
 from torch import nn
 
-from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, without
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, answer_of, refusing
 
 
 class GatedReLUMLP(nn.Module):
@@ -28,6 +26,7 @@ class GatedReLUMLP(nn.Module):
         self.up = nn.Linear(hidden, intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
+    @answer_of("ch01.1")
     def forward(self, x):
         return self.down(torch.relu(self.gate(x)) * self.up(x))
 
@@ -36,6 +35,7 @@ MLP_CASES = [dict(s=16, b=2, h=32, i=96, bytes_per_value=4), dict(s=64, b=1, h=4
              dict(s=32, b=3, h=64, i=64, bytes_per_value=2)]
 
 
+@answer_of("ch01.1")
 def _measured_mlp_bytes(s, b, h, i, bytes_per_value):
     from parlab.measure import measure_activations
 
@@ -52,56 +52,6 @@ def _with_a_fresh_case(cases: list[dict], draw) -> list[dict]:
     return cases + [draw(random.Random())]
 
 
-def _reached(fn) -> list:
-    """The objects ``fn`` can reach by name: the globals its code (and code nested in it) names, and its
-    closure's cells."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return []
-    names, codes = set(), [code]
-    while codes:
-        c = codes.pop()
-        names |= set(c.co_names) | set(c.co_freevars)
-        codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    scope = getattr(fn, "__globals__", {})
-    reached = [scope[n] for n in names if n in scope]
-    for cell in getattr(fn, "__closure__", None) or ():
-        with contextlib.suppress(ValueError):  # an empty cell
-            reached.append(cell.cell_contents)
-    return reached
-
-
-@contextlib.contextmanager
-def _refusing(fn, answers: dict, why: str):
-    """Run the body with the package's ``answers`` (``{"module.name": (module, attribute)}``) refused:
-    patched out of their modules, and the check failed at once if ``fn`` names one of them directly."""
-    originals = {label: getattr(owner, attr) for label, (owner, attr) in answers.items()}
-    for obj in _reached(fn):
-        for label, original in originals.items():
-            if obj is original:
-                raise ExerciseFailed(f"{_name(fn)} uses {label}: {why}")
-    with contextlib.ExitStack() as stack:
-        for owner, attr in answers.values():
-            stack.enter_context(without(owner, (attr,), f"{_name(fn)} called {attr}: {why}"))
-        yield
-
-
-def _package_answers() -> dict:
-    import parlab.measure
-    import parlab.measure.activations
-    import parlab.measure.memory
-    from parlab.exercises import ch01
-
-    answers = {f"parlab.measure.{n}": (parlab.measure, n)
-               for n in ("measure_activations", "estimate_memory", "activation_bytes_per_layer")}
-    answers |= {f"parlab.measure.memory.{n}": (parlab.measure.memory, n)
-                for n in ("measure_activations", "estimate_memory", "activation_bytes_per_layer", "layer_terms")}
-    answers["parlab.measure.activations.layer_terms"] = (parlab.measure.activations, "layer_terms")
-    answers |= {f"parlab.exercises.ch01.{n}": (ch01, n)
-                for n in ("_measured_mlp_bytes", "_max_params", "_per_param_bytes", "_layer_bytes", "GatedReLUMLP")}
-    return answers
-
-
 def check_gated_mlp_bytes(fn) -> Passed:
     """Chapter 01: ``fn(s, b, h, i, bytes_per_value)`` → the bytes a gated ReLU MLP,
     ``down(relu(gate(x)) * up(x))``, keeps for backward, its input ``x`` included; checked against
@@ -114,8 +64,8 @@ def check_gated_mlp_bytes(fn) -> Passed:
                                                           bytes_per_value=r.choice((2, 4))))
     for case in cases:
         measured = _measured_mlp_bytes(**case)
-        with _refusing(fn, _package_answers(), "the exercise asks you to count the tensors yourself "
-                       "(activation_saves tells you what ReLU keeps), not to measure or estimate them"):
+        with refusing("ch01.1", "the exercise asks you to count the tensors yourself (activation_saves tells "
+                      "you what ReLU keeps), not to measure or estimate them"):
             got = _call(fn, **case)
         if got == measured:
             continue
@@ -133,6 +83,7 @@ def check_gated_mlp_bytes(fn) -> Passed:
     return Passed(f"{_name(fn)} matches what autograd keeps in all {len(cases)} cases")
 
 
+@answer_of("ch01.2")
 def _layer_bytes(s, b, h, a):
     # Korthikanti et al. 2022, §4.1: one GPT layer with dropout, 16-bit values, 1-byte masks
     return s * b * h * (34 + 5 * a * s / h)
@@ -155,8 +106,8 @@ def check_activation_scaling(fn) -> Passed:
         s, b, h, a = case["s"], case["b"], case["h"], case["a"]
         full = _layer_bytes(s, b, h, a)
         expected = (full / _layer_bytes(s, b / 2, h, a), full / _layer_bytes(s / 2, b, h, a))
-        with _refusing(fn, _package_answers(), "the exercise asks for the factors worked out from the formula "
-                       "s·b·h·(34 + 5·a·s/h), not taken from the estimator"):
+        with refusing("ch01.2", "the exercise asks for the factors worked out from the formula "
+                      "s·b·h·(34 + 5·a·s/h), not taken from the estimator"):
             got = _call(fn, **case)
         ok = (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(g, (int, float)) for g in got)
               and all(math.isclose(g, e, rel_tol=1e-3) for g, e in zip(got, expected)))
@@ -171,11 +122,13 @@ def check_activation_scaling(fn) -> Passed:
     return Passed(f"{_name(fn)} predicts both factors for all {len(cases)} layers")
 
 
+@answer_of("ch01.3")
 def _per_param_bytes(n_d, stage, k=12):
     # mixed precision (ZeRO's accounting): 2 bytes of weight, 2 of gradient, k of optimizer state
     return 2 / (n_d if stage >= 3 else 1) + 2 / (n_d if stage >= 2 else 1) + k / (n_d if stage >= 1 else 1)
 
 
+@answer_of("ch01.3")
 def _max_params(gpu_gb, n_d, stage, k=12):
     return gpu_gb * 1e9 / _per_param_bytes(n_d, stage, k)
 
@@ -195,8 +148,8 @@ def check_max_params(fn) -> Passed:
                                                                  stage=r.randrange(4), k=r.choice((4, 8, 12))))
     for case in cases:
         expected = _max_params(**case)
-        with _refusing(fn, _package_answers(), "the exercise asks for the bytes per parameter worked out "
-                       "yourself, not the estimator's"):
+        with refusing("ch01.3", "the exercise asks for the bytes per parameter worked out yourself, not the "
+                      "estimator's"):
             got = _call(fn, **case)
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=0.01):
             args = ", ".join(f"{k}={v!r}" for k, v in case.items())

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, _name
+from parlab.exercises.core import ExerciseFailed, Passed, _name, answer_of, refusing
 
 #: Examples each rank holds in the uneven-shard check (rank r gets SHARD_SIZES[r % len]).
 SHARD_SIZES = (3, 5, 2, 6)
@@ -74,15 +74,6 @@ def check_weighted_average(fn, world_size: int = 2) -> Passed:
     return Passed(f"every gradient on {world_size} ranks holding {sizes} examples is the global mean's")
 
 
-def _reference_weighted_average(params, local_batch_size):
-    # the check's own answer, used by the tests
-    total = torch.tensor([float(local_batch_size)])
-    dist.all_reduce(total)
-    for p in params:
-        p.grad.mul_(local_batch_size / total)
-        dist.all_reduce(p.grad)
-
-
 #: Layers (in, out) of the model in the bucket check: 3.2 MiB of parameters of many sizes, so that a
 #: 1 MiB first bucket and a 0.5 MiB cap give different layouts.
 BUCKET_MODEL = ((128, 512), (512, 384), (384, 512), (512, 256), (256, 640), (640, 128))
@@ -106,6 +97,11 @@ def _ddp_buckets_on_rank(bucket_cap_mb):
     return ready, [nbytes for _, nbytes in ddp_buckets(ddp)]
 
 
+def _buckets_of(fn, ready, cap):
+    with refusing("ch03.2", "the exercise asks for DDP's rule applied by you, not the package's bucket layout"):
+        return list(fn(list(ready), cap) if cap is not None else fn(list(ready)))
+
+
 def check_ddp_buckets(fn) -> Passed:
     """Chapter 03: ``fn(ready_bytes, bucket_cap_mb=None)`` → the bytes of each bucket PyTorch's DDP rebuilds,
     given each parameter's gradient size in the order the gradients became ready (all fp32) and the
@@ -115,7 +111,7 @@ def check_ddp_buckets(fn) -> Passed:
     for cap in (None, 0.5):
         ready, real = parlab.launch(_ddp_buckets_on_rank, world_size=2, args=(cap,), announce=False,
                                     output="none")[0]
-        got = fn(list(ready), cap) if cap is not None else fn(list(ready))
+        got = _buckets_of(fn, ready, cap)
         if list(got) != real:
             raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {list(got)}; DDP built "
                                  f"{real} from gradients of {ready} bytes, in that order")
@@ -124,7 +120,7 @@ def check_ddp_buckets(fn) -> Passed:
     for cap in (None, 0.25, 1):
         ready = [4 * draw.choice((64, 256, 4096, 65536, 262144)) for _ in range(draw.randrange(8, 24))]
         want = _reference_buckets(ready, cap)
-        got = fn(list(ready), cap) if cap is not None else fn(list(ready))
+        got = _buckets_of(fn, ready, cap)
         if list(got) != want:
             raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {list(got)}; DDP's rule gives "
                                  f"{want} for gradients of {ready} bytes, in that order")
@@ -132,6 +128,7 @@ def check_ddp_buckets(fn) -> Passed:
                   f"fresh gradient sizes")
 
 
+@answer_of("ch03.2")
 def _reference_buckets(ready_bytes, bucket_cap_mb=None):
     # DDP's rebuild (torch/nn/parallel/distributed.py, _compute_bucket_assignment_by_size): close a bucket
     # once it holds the limit; the first limit is 1 MiB only when the cap is the default 25 MiB

@@ -5,14 +5,13 @@ choices."""
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import torch
 import torch.nn.functional as F
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, check_choice, without
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, answer_of, check_choice, refusing
 
 IN, OUT, BATCH = 12, 6, 5
 
@@ -32,7 +31,7 @@ def _row_parallel_on_rank(fn) -> dict:
     mine = x[:, cols].clone().requires_grad_()  # (batch, in / t): this rank's features
     try:
         # the exercise is this forward: the package's own (the layer called, or its class's forward) refused
-        with record_comm() as log, without(RowParallelLinear, ("forward",), PACKAGE_FORWARD):
+        with record_comm() as log, refusing("ch05.1", PACKAGE_FORWARD):
             y = fn(layer, mine)
     except NotImplementedError:
         return {"problem": "row_parallel_forward is not written yet (it raises NotImplementedError)"}
@@ -62,16 +61,6 @@ def _row_parallel_on_rank(fn) -> dict:
 
 PACKAGE_FORWARD = ("row_parallel_forward called the layer's own forward (the package's answer): write it from "
                    "layer.weight, layer.bias and layer.comm")
-
-
-def _holds(fn, target) -> bool:
-    """Whether ``fn`` carries ``target`` with it: as a default argument, in its closure, or as a global name
-    its code reads (bound before the check could refuse it)."""
-    held = list(getattr(fn, "__defaults__", None) or ()) + list((getattr(fn, "__kwdefaults__", None) or {}).values())
-    held += [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if c.cell_contents is not None]
-    code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
-    held += [names[n] for n in (code.co_names if code else ()) if n in names]
-    return any(h is target for h in held)
 
 
 def _diagnose(r: dict, t: int) -> str | None:
@@ -117,10 +106,6 @@ def check_row_parallel_forward(fn, world_size: int = 2) -> Passed:
         raise TypeError(f"fn must be a function row_parallel_forward(layer, x); got {type(fn).__name__}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or not 2 <= world_size <= IN or IN % world_size:
         raise ValueError(f"world_size must be an int >= 2 dividing {IN}; got {world_size!r}")
-    from parlab.parallel.tensor import RowParallelLinear
-
-    if fn is RowParallelLinear.forward or _holds(fn, RowParallelLinear.forward):
-        raise ExerciseFailed("that is the package's own RowParallelLinear.forward: the exercise is to write it")
     per_rank = parlab.launch(_row_parallel_on_rank, world_size=world_size, args=(fn,), announce=False, output="all")
     for rank, r in enumerate(per_rank):
         problem = _diagnose(r, world_size)
@@ -132,23 +117,25 @@ def check_row_parallel_forward(fn, world_size: int = 2) -> Passed:
 
 # -- where do the collectives go? -------------------------------------------------------------------------
 
-COPIED = "tp_collectives called the check's own reference: work out what each rank holds at each boundary"
+COPIED = "work out what each rank holds at each boundary, and what the next layer needs"
 
 NEEDS = {"column": "whole", "row": "split"}  # what each layer needs on every rank
 GIVES = {"column": "split", "row": "partial"}  # what it leaves there
 OPS = ("none", "split", "all_gather", "all_reduce", "reduce_scatter")
-_MOVE = {  # (what a rank holds, what comes next needs) -> the op in forward
-    ("whole", "whole"): "none", ("whole", "split"): "split", ("split", "whole"): "all_gather",
-    ("split", "split"): "none", ("partial", "whole"): "all_reduce", ("partial", "split"): "reduce_scatter",
-}
 
 
+@answer_of("ch05.2")
 def _reference_tp_collectives(splits: list[str]) -> list[str]:
     """The op at each boundary of a chain of tensor-parallel linear layers (elementwise activations
     between them): before the first, between each pair, after the last (whose output must be whole)."""
-    return [_MOVE[held, need] for held, need in _states(splits)]
+    move = {  # (what a rank holds, what comes next needs) -> the op in forward
+        ("whole", "whole"): "none", ("whole", "split"): "split", ("split", "whole"): "all_gather",
+        ("split", "split"): "none", ("partial", "whole"): "all_reduce", ("partial", "split"): "reduce_scatter",
+    }
+    return [move[held, need] for held, need in _states(splits)]
 
 
+@answer_of("ch05.2")
 def _states(splits):
     """(what each rank holds, what comes next needs) at each boundary."""
     held = ["whole"] + [GIVES[s] for s in splits]
@@ -164,19 +151,17 @@ def check_tp_collectives(fn) -> Passed:
     boundary (len(splits) + 1 of them), each one of ``OPS``."""
     if not callable(fn):
         raise TypeError(f"fn must be a function tp_collectives(splits); got {type(fn).__name__}")
-    if fn is _reference_tp_collectives or _holds(fn, _reference_tp_collectives):
-        raise ExerciseFailed(COPIED)
     for splits in CASES:
-        want = _reference_tp_collectives(splits)
+        want, states = _reference_tp_collectives(splits), _states(splits)
         try:
-            with without(sys.modules[__name__], ("_reference_tp_collectives",), COPIED):
+            with refusing("ch05.2", COPIED):
                 got = fn(list(splits))
         except NotImplementedError:
             raise ExerciseFailed("tp_collectives is not written yet (it raises NotImplementedError)") from None
         if not isinstance(got, (list, tuple)) or len(got) != len(want):
             raise ExerciseFailed(f"tp_collectives({splits}) returned {got!r}: expected a list of {len(want)} ops, "
                                  f"one per boundary (before the first layer, between layers, after the last)")
-        for i, (g, w, (held, need)) in enumerate(zip(got, want, _states(splits))):
+        for i, (g, w, (held, need)) in enumerate(zip(got, want, states)):
             if g not in OPS:
                 raise ExerciseFailed(f"tp_collectives({splits})[{i}] = {g!r} is not one of {OPS}")
             if g != w:
@@ -205,6 +190,7 @@ LITERAL_CHOICES = {
 }
 
 
+@answer_of("ch05.3")
 def _recompute_answer(batch, seq_len, hidden, tp_size):
     per_input = batch * seq_len * hidden * 4  # fp32
     return 2 * per_input * (tp_size - 1) // tp_size, 2
@@ -220,7 +206,9 @@ def check_sp_costs(saved_and_gathers, norms: str, literal: str) -> Passed:
     for case in ({"batch": 4, "seq_len": 32, "hidden": 64, "tp_size": 4}, {"batch": 2, "seq_len": 48, "hidden": 96,
                                                                              "tp_size": 2},
                  {"batch": 1, "seq_len": 4096, "hidden": 8192, "tp_size": 8}):
-        want, got = _recompute_answer(**case), _call(saved_and_gathers, **case)
+        want = _recompute_answer(**case)
+        with refusing("ch05.3", "the exercise asks for the bytes worked out yourself, not the check's own answer"):
+            got = _call(saved_and_gathers, **case)
         args = ", ".join(f"{k}={v}" for k, v in case.items())
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}) returned {got!r:.60}: return (bytes, all-gathers)")

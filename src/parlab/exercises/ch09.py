@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, first_difference, without
+from parlab.exercises.core import ExerciseFailed, Passed, first_difference, refusing
 
 B, HEADS, KV_HEADS, D, SEQ = 2, 4, 2, 8, 24
 
@@ -46,6 +46,9 @@ def _diagnose_two_blocks(fn) -> str | None:
     return f"m + log l is not the log-sum-exp of both blocks' scores: {problem}" if problem else None
 
 
+OWN_COMBINE = "write the online-softmax rule yourself, from the two blocks' m, l and acc"
+
+
 def _ring_with(fn):
     from parlab.parallel import context as cpx
 
@@ -54,7 +57,7 @@ def _ring_with(fn):
     q = torch.randn(B, HEADS, SEQ, D, generator=g, dtype=torch.float64)
     k, v = (torch.randn(B, KV_HEADS, SEQ, D, generator=g, dtype=torch.float64) for _ in range(2))
     layout = cpx.Layout(SEQ, n)
-    with without(cpx, ["combine"], "combine called the package's own combine: write the rule yourself"):
+    with refusing("ch09.1", OWN_COMBINE):
         try:
             problem = _diagnose_two_blocks(fn)
             if problem:
@@ -72,9 +75,7 @@ def check_online_softmax_combine(fn, world_size: int = 2) -> Passed:
     attention (PyTorch's ``scaled_dot_product_attention``) over a 24-token sequence."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
-    from parlab.parallel import context as cpx
-
-    with without(cpx, ["combine"], "combine called the package's own combine: write the rule yourself"):
+    with refusing("ch09.1", OWN_COMBINE):
         try:
             problem = _diagnose_two_blocks(fn)  # in this process first: a wrong rule fails without launching
         except ExerciseFailed as refused:
@@ -103,7 +104,7 @@ def _counts_on_rank(fn):
     routing = epx.route(logits, TOP_K, CAPACITY)
     kept = torch.bincount(routing.expert[routing.kept], minlength=EXPERTS)
     want = [int(kept[p.start:p.stop].sum()) for p in epx.placement(EXPERTS, n)]
-    with without(epx, ["route", "dispatch"], "received called the package's routing: count yourself"):
+    with refusing("ch09.2", "count the slots yourself from routing.expert, in the priority order stated"):
         try:
             got = fn(routing.expert.clone(), EXPERTS, n, CAPACITY)
         except NotImplementedError:

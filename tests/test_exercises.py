@@ -712,3 +712,111 @@ def test_chapter_09_solutions_pass_and_wrong_answers_fail():
         check_received(no_capacity)
     with pytest.raises(ExerciseFailed, match="route is the package's answer to this exercise"):
         check_received(lambda e, n, ep, c: expert.route(torch.zeros(len(e), n), 2, c))
+
+
+# ---- the one refusal: every way of reaching a package answer is refused, the solutions still pass --------
+
+from parlab.exercises import core  # noqa: E402
+
+
+def test_answer_of_marks_a_function_without_changing_it_outside_a_check():
+    import inspect
+
+    from parlab.parallel import pipeline_schedule as ps
+    from parlab.reading import source
+
+    assert ps.one_f_one_b(2, 2).names(0) == ["F0", "F1", "B0", "B1"]
+    assert list(inspect.signature(ps.one_f_one_b).parameters) == ["p", "m"]
+    assert source(ps.one_f_one_b).startswith("def one_f_one_b(")  # the chapters show it without the marker
+    assert "parlab.parallel.pipeline_schedule.one_f_one_b" in core.refused_answers("ch06.1")
+    with core.refusing("ch06.1", "write it yourself"), pytest.raises(ExerciseFailed, match=r"\(ch06.1\): write it"):
+        ps.one_f_one_b(2, 2)
+    with core.refusing("ch06.1", "outer"):
+        with core.refusing("ch06.1", "inner"):
+            pass
+        with pytest.raises(ExerciseFailed, match="outer"):  # a nested scope gives back the outer one
+            ps.gpipe(2, 2)
+    assert not core._REFUSED and ps.gpipe(2, 2)  # and nothing is left refused after a check
+
+
+def _chapter_06():
+    from parlab.parallel import pipeline_schedule as ps
+
+    return solutions("06", ps=ps)
+
+
+def test_a_reference_bound_before_the_check_and_an_alias_are_refused():
+    from parlab.exercises import check_one_f_one_b_order
+    from parlab.parallel.pipeline_schedule import one_f_one_b as ofob  # an alias, bound before the check
+
+    with pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer .*count the warm-up forwards"):
+        check_one_f_one_b_order(lambda stage, num_stages, num_micro_batches:
+                                ofob(num_stages, num_micro_batches).names(stage))
+    assert "every stage" in repr(check_one_f_one_b_order(_chapter_06()["solution_one_f_one_b_order"]))
+
+
+def test_a_default_argument_a_container_and_a_thread_are_refused():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parlab.exercises import ch01, check_gated_mlp_bytes, check_smallest_micro_batches
+    from parlab.exercises.ch06 import _smallest_m
+    from parlab.measure import measure_activations
+
+    def by_default(s, b, h, i, bytes_per_value, _m=measure_activations):
+        return _m(ch01.GatedReLUMLP(h, i), torch.randn(s, b, h, requires_grad=True))
+
+    with pytest.raises(ExerciseFailed, match="measure_activations is the package's answer"):
+        check_gated_mlp_bytes(by_default)
+    held = {"answer": _smallest_m, "all": [_smallest_m]}
+    for reach in (lambda p, target, v=1: held["answer"](p, target, v),
+                  lambda p, target, v=1: held["all"][0](p, target, v),
+                  lambda p, target, v=1: ThreadPoolExecutor(1).submit(_smallest_m, p, target, v).result()):
+        with pytest.raises(ExerciseFailed, match="_smallest_m is the package's answer"):
+            check_smallest_micro_batches(reach)
+    assert "finds the smallest m" in repr(check_smallest_micro_batches(_chapter_06()["solution_smallest_micro_batches"]))
+
+
+def test_re_exports_are_refused():
+    import parlab
+    import parlab.advice
+
+    for estimate in (parlab.estimate_memory, parlab.advice.estimate_memory, getattr(parlab, "estimate_" + "memory")):
+        def by_the_estimator(gpu_gb, n_d, stage, k=12, estimate=estimate):
+            return gpu_gb * 1e9 / estimate(num_params=1, precision="bf16", world_size=n_d, zero_stage=stage).total
+
+        with pytest.raises(ExerciseFailed, match="estimate_memory is the package's answer to this exercise"):
+            check_max_params(by_the_estimator)
+
+
+def test_importlib_reload_is_refused():
+    import importlib
+
+    from parlab.exercises import ch02
+
+    reloaded = importlib.reload(ch02)  # a fresh module: its functions are marked again
+    with pytest.raises(ExerciseFailed, match="_crossover_bytes is the package's answer"):
+        check_crossover_bytes(lambda n, alpha, bandwidth: reloaded._crossover_bytes(n, alpha, bandwidth))
+    with pytest.raises(ExerciseFailed, match="_crossover_bytes is the package's answer"):
+        reloaded.check_crossover_bytes(_crossover_bytes)  # the reloaded check refuses the old function too
+    assert "agrees" in repr(reloaded.check_crossover_bytes(solutions("02")["solution_crossover_bytes"]))
+
+
+def test_partial_and_a_copied_class_dict_are_refused_on_every_rank():
+    import functools
+
+    from parlab.exercises import check_received, check_row_parallel_forward
+    from parlab.parallel import expert as epx
+    from parlab.parallel.tensor import RowParallelLinear
+
+    copied = type("Mine", (), dict(vars(RowParallelLinear)))  # the class's dict, copied before the check
+    for copy in (functools.partial(RowParallelLinear.forward), lambda layer, x: copied.forward(layer, x)):
+        with pytest.raises(ExerciseFailed, match=r"on rank 0 of 2: .*RowParallelLinear.forward is the package's"):
+            check_row_parallel_forward(copy, world_size=2)
+    route = epx.route  # bound before the check, called on the ranks
+
+    def reroutes(expert_index, num_experts, ep, capacity):
+        kept = route(torch.zeros(len(expert_index), num_experts), 2, capacity).kept
+        return [int(kept.sum())] * ep
+
+    with pytest.raises(ExerciseFailed, match=r"on rank 0 of 2: .*route is the package's answer"):
+        check_received(reroutes)

@@ -1,8 +1,9 @@
 """Checks for the learner's exercises, by chapter; ``core`` is the checker they all use.
 
 - ``core``: :func:`check_ranks`, :func:`check_function`, :func:`check_choice` (a function on N ranks against
-  a reference; plain functions over cases; a choice), :func:`first_difference`, :func:`without`,
-  :class:`Passed`, :class:`ExerciseFailed`.
+  a reference; plain functions over cases; a choice), :func:`first_difference`, :class:`Passed`,
+  :class:`ExerciseFailed`; and the one refusal: :func:`answer_of` marks a package function as an exercise's
+  answer, :func:`refusing` makes it fail the check while the learner's code runs.
 - ``ch00``: :func:`check_my_slice`, :func:`check_hang_prediction`.
 - ``ch01``: :func:`check_gated_mlp_bytes`, :func:`check_activation_scaling`, :func:`check_max_params`,
   :func:`check_largest_models`.
@@ -38,7 +39,8 @@ _WHERE = {name: module for module, names in {
     "ch07": ["check_group_ranks", "check_layout_choice", "check_model_states"],
     "ch08": ["check_sharded_training"],
     "ch09": ["check_online_softmax_combine", "check_received"],
-    "core": ["ExerciseFailed", "Passed", "check_choice", "check_function", "check_ranks", "first_difference"],
+    "core": ["ExerciseFailed", "Passed", "check_choice", "check_function", "check_ranks", "first_difference",
+             "answer_of", "refusing", "refused_answers"],
 }.items() for name in names}
 
 
@@ -49,6 +51,7 @@ def __getattr__(name):
 
 
 __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference", "check_choice",
+           "answer_of", "refusing", "refused_answers",
            "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_activation_scaling",
            "check_max_params", "check_largest_models", "check_recursive_doubling", "check_crossover_bytes",
            "check_send_buffer", "check_below_crossover", "check_weighted_average", "check_ddp_buckets",

@@ -358,12 +358,15 @@ def test_chapter_05_solutions_pass_and_copies_fail():
     import torch.nn.functional as F
 
     from parlab.exercises import check_row_parallel_forward, check_sp_costs, check_tp_collectives
-    from parlab.exercises.ch05 import _reference_tp_collectives
+    from parlab.exercises.ch05 import CASES, _reference_tp_collectives
     from parlab.parallel import tensor as tp
 
     sol = solutions("05", F=F, tp=tp)
     assert "one all-reduce" in repr(check_row_parallel_forward(sol["solution_row_parallel_forward"], world_size=2))
-    assert "all 8 chains" in repr(check_tp_collectives(sol["solution_tp_collectives"]))
+    assert "11 chains, 3 of them drawn anew" in repr(check_tp_collectives(sol["solution_tp_collectives"]))
+    fixed = {tuple(c): sol["solution_tp_collectives"](list(c)) for c in CASES}  # computed over the fixed cases
+    with pytest.raises(ExerciseFailed, match=r"tp_collectives\(\[.*\]\) returned None"):
+        check_tp_collectives(lambda splits: fixed.get(tuple(splits)))
     assert "both reasons" in repr(check_sp_costs(sol["solution_sp_recompute"], sol["solution_norms"],
                                                  sol["solution_literal"]))
     # the package's answer, however it is reached, is refused while the learner's code runs
@@ -634,7 +637,7 @@ def test_chapter_04_peak_gathered_both_ways():
     from parlab.exercises import ch04, check_peak_gathered
 
     shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
-    assert "8 cases" in repr(check_peak_gathered(shown["solution_peak_gathered"]))
+    assert "12 cases, 4 of them drawn anew" in repr(check_peak_gathered(shown["solution_peak_gathered"]))
     with pytest.raises(ExerciseFailed, match="need padding"):
         check_peak_gathered(lambda blocks, root, prefetch, n: shown["solution_peak_gathered"](blocks, root, prefetch, 1))
     with pytest.raises(ExerciseFailed, match="without prefetch"):
@@ -642,6 +645,27 @@ def test_chapter_04_peak_gathered_both_ways():
     with pytest.raises(ExerciseFailed, match="reference_peak_gathered is the package's answer"):
         check_peak_gathered(lambda *args: ch04.reference_peak_gathered(*args))
     assert ch04.reference_peak_gathered([1, 2], 0, True, 1) == 3  # and the package's answer is back
+
+
+def test_chapter_04_peak_gathered_cannot_be_harvested_from_its_messages():
+    import ast
+    import re
+
+    from parlab.exercises import check_peak_gathered
+
+    table = {}  # the learner's try/except loop: each failure's case and expected value, typed into a table
+
+    def harvested(blocks, root, prefetch, n):
+        return table.get((tuple(blocks), root, prefetch, n), 0)
+
+    for _ in range(12):
+        with pytest.raises(ExerciseFailed) as err:
+            check_peak_gathered(harvested)
+        case = re.search(r"block_numels=(\[.*?\]), root_numel=(\d+), prefetch=(\w+), world_size=(\d+)\): "
+                         r"expected (\d+)", str(err.value))
+        blocks, root, prefetch, n, expected = (ast.literal_eval(g) for g in case.groups())
+        table[tuple(blocks), root, prefetch, n] = expected
+    assert len(table) == 12  # the 8 fixed cases harvested, and then a new drawn one at every call
 
 
 def test_chapter_04_accumulation_volume_both_ways():

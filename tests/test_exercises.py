@@ -277,10 +277,26 @@ def weighted_average(params, local_batch_size):
         dist.all_reduce(p.grad)
 
 
+def assumes_equal_batches(params, local_batch_size, batch_per_rank=4):
+    for p in params:  # planted: the total taken as the chapter's batch_per_rank × n
+        p.grad *= local_batch_size / (batch_per_rank * dist.get_world_size())
+        dist.all_reduce(p.grad)
+
+
+def unnormalised(params, local_batch_size):
+    for p in params:  # planted: weighted, never divided by the total
+        p.grad *= local_batch_size
+        dist.all_reduce(p.grad)
+
+
 def test_weighted_average_check_both_ways():
-    assert "[3, 5, 2] examples" in repr(check_weighted_average(weighted_average, world_size=3))
-    with pytest.raises(ExerciseFailed, match=r"every rank weighs the same, but they hold \[3, 5\] examples"):
+    assert "ranks holding [" in repr(check_weighted_average(weighted_average, world_size=3))
+    with pytest.raises(ExerciseFailed, match=r"every rank weighs the same, but they hold \[\d, \d\] examples"):
         check_weighted_average(equal_weights, world_size=2)
+    for world_size in (2, 4):  # the chapter's batch_per_rank × n taken for the total, and no total at all
+        for wrong in (assumes_equal_batches, unnormalised):
+            with pytest.raises(ExerciseFailed, match="points the right way but is .* times the global mean's"):
+                check_weighted_average(wrong, world_size=world_size)
     with pytest.raises(ExerciseFailed, match=r".grad is unchanged"):
         check_weighted_average(lambda params, b: None, world_size=2)
 

@@ -11,8 +11,13 @@ import torch.distributed as dist
 import parlab
 from parlab.exercises.core import ExerciseFailed, Passed, _name, answer_of, refusing
 
-#: Examples each rank holds in the uneven-shard check (rank r gets SHARD_SIZES[r % len]).
-SHARD_SIZES = (3, 5, 2, 6)
+def _shard_sizes(world_size: int, draw: random.Random) -> list[int]:
+    """Examples each rank holds in the uneven-shard check, drawn anew at every call: unequal, and summing to
+    no multiple of ``world_size`` (so no batch size assumed equal on every rank, times n, gives the total)."""
+    while True:
+        sizes = [draw.randrange(1, 10) for _ in range(world_size)]
+        if len(set(sizes)) > 1 and sum(sizes) % world_size:
+            return sizes
 
 
 def _known_grads(rank: int, shapes) -> list[torch.Tensor]:
@@ -21,11 +26,10 @@ def _known_grads(rank: int, shapes) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g) for s in shapes]
 
 
-def _uneven_on_rank(fn) -> list[str]:
+def _uneven_on_rank(fn, sizes) -> list[str]:
     from parlab.models import tiny_mlp
 
     rank, n = parlab.rank(), parlab.world_size()
-    sizes = [SHARD_SIZES[r % len(SHARD_SIZES)] for r in range(n)]
     names, params = zip(*tiny_mlp(seed=0).named_parameters())
     shapes = [p.shape for p in params]
     everyone = [_known_grads(r, shapes) for r in range(n)]
@@ -46,6 +50,11 @@ def _uneven_on_rank(fn) -> list[str]:
                     f"as many times as it has examples")
         elif torch.allclose(got, everyone[rank][i]):
             text = ".grad is unchanged: nothing was combined with the other ranks"
+        elif torch.allclose(got, (scale := float((got * want).sum() / (want * want).sum())) * want, rtol=1e-4,
+                            atol=1e-6):
+            text = (f".grad points the right way but is {scale:.3g} times the global mean's: divide by the number "
+                    f"of examples all ranks hold together, which only the ranks' local_batch_size summed tells "
+                    f"(not a batch size assumed the same on every rank)")
         else:
             text = f".grad differs from the gradient of the global mean loss by up to {(got - want).abs().max():.3g}"
         problems.setdefault(text, []).append(name)
@@ -54,14 +63,15 @@ def _uneven_on_rank(fn) -> list[str]:
 
 
 def check_weighted_average(fn, world_size: int = 2) -> Passed:
-    """Chapter 03: ``fn(params, local_batch_size)``, on ranks holding shards of different sizes (3, 5, …
-    examples) whose ``.grad`` are the gradients of each shard's *mean* loss, must leave in every ``.grad``
+    """Chapter 03: ``fn(params, local_batch_size)``, on ranks holding shards of different sizes (drawn
+    anew at every call) whose ``.grad`` are the gradients of each shard's *mean* loss, must leave in every ``.grad``
     the gradient of the mean loss over all examples."""
     if not callable(fn):
         raise TypeError(f"fn must be a function weighted_average(params, local_batch_size); got {fn!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"world_size must be an int >= 2; got {world_size!r}")
-    per_rank = parlab.launch(_uneven_on_rank, world_size=world_size, args=(fn,), announce=False, output="all")
+    sizes = _shard_sizes(world_size, random.Random())
+    per_rank = parlab.launch(_uneven_on_rank, world_size=world_size, args=(fn, sizes), announce=False, output="all")
     ranks_of: dict[str, list[int]] = {}  # the same finding on several ranks is reported once
     for r, lines in enumerate(per_rank):
         for line in lines:
@@ -70,7 +80,6 @@ def check_weighted_average(fn, world_size: int = 2) -> Passed:
               for line, rs in ranks_of.items()]
     if report:
         raise ExerciseFailed(f"{_name(fn)} is not right yet:\n  " + "\n  ".join(report[:6]))
-    sizes = [SHARD_SIZES[r % len(SHARD_SIZES)] for r in range(world_size)]
     return Passed(f"every gradient on {world_size} ranks holding {sizes} examples is the global mean's")
 
 

@@ -122,8 +122,9 @@ def _counts_on_rank(fn):
 
 def check_received(fn, world_size: int = 2) -> Passed:
     """``fn(expert (T, k), num_experts, ep, capacity) -> [slots per rank]``: of this rank's assignments, how
-    many each of the ``ep`` ranks' experts compute (contiguous placement, first choices before second ones,
-    earlier tokens first; an expert keeps at most ``capacity``). Checked on every rank's own routing."""
+    many each of the ``ep`` ranks' experts compute (contiguous placement; an expert keeps at most
+    ``capacity``: the priority order decides which assignments are dropped, not how many). Checked on every
+    rank's own routing."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
     for rank, res in enumerate(parlab.launch(_counts_on_rank, world_size=world_size, args=(fn,), output="none",

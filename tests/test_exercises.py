@@ -89,10 +89,21 @@ def last_rank_takes_the_rest(n_items):
     return rank * per, n_items if rank == n - 1 else (rank + 1) * per
 
 
+def ceil_slice(n_items):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    per = -(-n_items // n)  # planted: every share rounded up, the last rank gets what is left
+    return min(rank * per, n_items), min((rank + 1) * per, n_items)
+
+
 def test_my_slice_check_both_ways():
     assert "evenly" in repr(check_my_slice(even_slice, world_size=3))
     with pytest.raises(ExerciseFailed, match=r"last_rank_takes_the_rest\(8\) with 3 ranks: shares of \[2, 2, 4\]"):
         check_my_slice(last_rank_takes_the_rest, world_size=3)
+    with pytest.raises(ExerciseFailed, match=r"\(the last rank took all the remainder"):
+        check_my_slice(last_rank_takes_the_rest, world_size=3)
+    with pytest.raises(ExerciseFailed, match=r"ceil_slice\(10\) with 4 ranks: shares of \[3, 3, 3, 1\] items; .*"
+                                             r"\(the last rank is left short"):
+        check_my_slice(ceil_slice, world_size=4)
     with pytest.raises(ExerciseFailed, match=r"returned None"):
         check_my_slice(lambda n_items: None, world_size=2)
 
@@ -860,3 +871,19 @@ def test_partial_and_a_copied_class_dict_are_refused_on_every_rank():
 
     with pytest.raises(ExerciseFailed, match=r"on rank 0 of 2: .*route is the package's answer"):
         check_received(reroutes)
+
+
+def test_every_wrong_choice_hears_why():
+    from parlab.exercises import ch02, ch05, ch06, check_choice
+
+    tables = {"SEND_BUFFER": (ch02.SEND_BUFFER, "a"), "BELOW_CROSSOVER": (ch02.BELOW_CROSSOVER, "recursive doubling"),
+              "NORM_CHOICES": (ch05.NORM_CHOICES, "b"), "LITERAL_CHOICES": (ch05.LITERAL_CHOICES, "a"),
+              "MESSAGE_CHOICES": (ch06.MESSAGE_CHOICES, "a"), "INTERLEAVE_CHOICES": (ch06.INTERLEAVE_CHOICES, "a")}
+    for name, (choices, right) in tables.items():
+        for letter, value in choices.items():
+            if letter != right:
+                with pytest.raises(ExerciseFailed) as err:
+                    check_choice(name, letter, choices, right)
+                assert value[1] and str(err.value).endswith(value[1]), f"{name}[{letter!r}] has no feedback"
+    with pytest.raises(ValueError, match=r"wrong choices \['b'\] need \(text, feedback\)"):
+        check_choice("q", "a", {"a": "right", "b": "wrong, and silent"}, "a")

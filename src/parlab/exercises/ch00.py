@@ -45,9 +45,19 @@ def check_my_slice(fn, world_size: int = 4, timeout: float = 30) -> Passed:
         sizes = [stop - start for start, stop in shares]
         if max(sizes) - min(sizes) > 1:
             raise ExerciseFailed(f"{_name(fn)}({n_items}) with {world_size} ranks: shares of {sizes} items; they "
-                                 f"may differ by one at most (the last rank should not take all the remainder)")
+                                 f"may differ by one at most ({_uneven_why(sizes)})")
     return Passed(f"{_name(fn)} splits {', '.join(map(str, SLICE_CASES))} items over {world_size} ranks evenly, "
                   f"without gaps or overlaps")
+
+
+def _uneven_why(sizes: list[int]) -> str:
+    """What an uneven split did, as the learner's shares show it."""
+    if sizes[-1] == max(sizes) and sizes.count(max(sizes)) == 1:
+        return "the last rank took all the remainder: give one extra item to each of the first ranks instead"
+    if sizes[-1] == min(sizes):
+        return ("the last rank is left short: rounding every share up gives the others one item too many each; "
+                "give one extra item to each of the first n_items % world_size ranks only")
+    return "give every rank n_items // world_size items, and one more to each of the first n_items % world_size"
 
 
 def _only_even_ranks_wait():

@@ -184,15 +184,20 @@ def check_tp_collectives(fn) -> Passed:
 
 #: (b) why, under sequence parallelism, a LayerNorm's weight gradients are summed over the ranks
 NORM_CHOICES = {
-    "a": "the LayerNorm's weights are split across the ranks, so each holds a slice of the gradient",
+    "a": ("the LayerNorm's weights are split across the ranks, so each holds a slice of the gradient",
+          "Every rank holds the whole LayerNorm weight (it is replicated, not split); what differs is the input."),
     "b": "each rank's LayerNorm sees only its s/t tokens, so its gradient is a partial sum over the tokens",
-    "c": "the all-gather before the column-parallel layer changes the LayerNorm's gradient",
+    "c": ("the all-gather before the column-parallel layer changes the LayerNorm's gradient",
+          "The all-gather's backward is a reduce-scatter of the activation gradient; it does not touch the "
+          "weight gradient's sum over tokens."),
 }
 #: (c) why transformers' literal plan (one f per projection) sends no more all-reduces forward
 LITERAL_CHOICES = {
     "a": "f is the identity forward: its all-reduce runs only in backward",
-    "b": "PyTorch fuses the separate f's of Q, K and V into one all-reduce forward",
-    "c": "the literal plan splits Q, K and V by rows, which needs no forward all-reduce",
+    "b": ("PyTorch fuses the separate f's of Q, K and V into one all-reduce forward",
+          "Nothing is fused: count the forward collectives a single f adds first."),
+    "c": ("the literal plan splits Q, K and V by rows, which needs no forward all-reduce",
+          "The literal plan splits Q, K and V by columns (colwise), like Megatron's."),
 }
 
 

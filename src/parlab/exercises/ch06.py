@@ -103,14 +103,18 @@ def check_peak_activations(fn) -> Passed:
 #: exercise 4: why a recorded bubble at large m exceeds the simulated one on this machine
 MESSAGE_CHOICES = {
     "a": "each message costs a fixed time (chapter 02's α) while the operations shrink as m grows",
-    "b": "more micro-batches mean more activations to hold, and memory is slow",
-    "c": "the formula (p − 1)/(m + p − 1) is wrong for large m",
+    "b": ("more micro-batches mean more activations to hold, and memory is slow",
+          "1F1B holds at most p micro-batches' activations whatever m is: memory does not grow with m."),
+    "c": ("the formula (p − 1)/(m + p − 1) is wrong for large m",
+          "The simulator with comm=0 gives the formula exactly; what does comm=1 add to every boundary?"),
 }
 #: exercise 5: where to stop raising v
 INTERLEAVE_CHOICES = {
     "a": "when the bubble saved is smaller than the time of the extra messages (v·p − 1 boundaries per micro-batch)",
-    "b": "never: a larger v always gives a shorter step",
-    "c": "at v = 2, because PyTorch supports no more",
+    "b": ("never: a larger v always gives a shorter step",
+          "The bubble shrinks with v, but each micro-batch crosses v·p − 1 boundaries: what do they cost?"),
+    "c": ("at v = 2, because PyTorch supports no more",
+          "PyTorch's ScheduleInterleaved1F1B takes any number of stages per rank."),
 }
 
 

@@ -190,12 +190,15 @@ def without(owner, names, why: str):
 def check_choice(what: str, letter, choices: dict, right: str) -> Passed:
     """A "think" question answered by a key of ``choices``: fails, naming ``what``, unless ``letter`` is
     ``right``. A choice's value is its text, or ``(text, feedback)``: a wrong answer then hears why it is
-    wrong (its feedback), never which one is right."""
+    wrong (its feedback), never which one is right; every wrong choice must have feedback."""
+    missing = [key for key, value in choices.items() if key != right and not isinstance(value, tuple)]
+    if missing:
+        raise ValueError(f"{what}: wrong choices {missing} need (text, feedback): a learner who picks one hears why")
     if letter not in choices:
         raise ExerciseFailed(f"{what}: {letter!r} is not one of {sorted(choices)}")
     text, feedback = choices[letter] if isinstance(choices[letter], tuple) else (choices[letter], "")
     if letter != right:
-        raise ExerciseFailed(f"{what}: {letter!r} ({text}) is not why; " + (feedback or "think again"))
+        raise ExerciseFailed(f"{what}: {letter!r} ({text}) is not why. {feedback}")
     return Passed(f"{what}: {text}")
 
 

@@ -156,8 +156,8 @@ def test_chapter_01_checks_refuse_the_package_answers():
     def measures_by_attribute(s, b, h, i, bytes_per_value):
         return parlab.measure.measure_activations(ch01.GatedReLUMLP(h, i), torch.randn(s, b, h, requires_grad=True))
 
-    with pytest.raises(ExerciseFailed, match="measure_activations is the package's answer to this exercise "
-                                             r"\(ch01.1\): the exercise asks you to count"):
+    with pytest.raises(ExerciseFailed, match="measure_activations is the package's answer to this exercise: the "
+                                             "exercise asks you to count"):
         check_gated_mlp_bytes(measures)
     with pytest.raises(ExerciseFailed, match="measure_activations is the package's answer"):
         check_gated_mlp_bytes(measures_by_attribute)
@@ -409,6 +409,10 @@ def test_chapter_05_solutions_pass_and_copies_fail():
         check_tp_collectives(lambda splits: _reference_tp_collectives(splits))
     with pytest.raises(ExerciseFailed, match="that is one input"):  # planted: only c_attn's input
         check_sp_costs(lambda batch, seq_len, hidden, tp_size: (batch * seq_len * hidden * 4 * (tp_size - 1) // tp_size, 2),
+                       "b", "a")
+    with pytest.raises(ExerciseFailed, match=r"<lambda>\(batch, seq_len, hidden, tp\) cannot be called as "
+                                             r"<lambda>\(batch=…, seq_len=…, hidden=…, tp_size=…\)"):  # a parameter renamed
+        check_sp_costs(lambda batch, seq_len, hidden, tp: sol["solution_sp_recompute"](batch, seq_len, hidden, tp),
                        "b", "a")
     with pytest.raises(ExerciseFailed, match=r"\(b\) norms: 'a'"):
         check_sp_costs(sol["solution_sp_recompute"], "a", "a")
@@ -780,7 +784,7 @@ def test_answer_of_marks_a_function_without_changing_it_outside_a_check():
     assert list(inspect.signature(ps.one_f_one_b).parameters) == ["p", "m"]
     assert source(ps.one_f_one_b).startswith("def one_f_one_b(")  # the chapters show it without the marker
     assert "parlab.parallel.pipeline_schedule.one_f_one_b" in core.refused_answers("ch06.1")
-    with core.refusing("ch06.1", "write it yourself"), pytest.raises(ExerciseFailed, match=r"\(ch06.1\): write it"):
+    with core.refusing("ch06.1", "write it yourself"), pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer to this exercise: write it"):
         ps.one_f_one_b(2, 2)
     with core.refusing("ch06.1", "outer"):
         with core.refusing("ch06.1", "inner"):
@@ -788,6 +792,16 @@ def test_answer_of_marks_a_function_without_changing_it_outside_a_check():
         with pytest.raises(ExerciseFailed, match="outer"):  # a nested scope gives back the outer one
             ps.gpipe(2, 2)
     assert not core._REFUSED and ps.gpipe(2, 2)  # and nothing is left refused after a check
+
+
+def test_without_leaves_a_marked_answer_in_place_for_modules_imported_meanwhile():
+    import parlab.measure.memory as memory
+
+    with core.without(memory, ["estimate_memory"], "count it yourself"):
+        from parlab.measure.memory import estimate_memory as imported_meanwhile  # as a module imported late would
+        with pytest.raises(ExerciseFailed, match="estimate_memory is the package's answer .*: count it yourself"):
+            imported_meanwhile(num_params=10)
+    assert imported_meanwhile(num_params=10).model_states == 160  # not a refusal kept for good
 
 
 def _chapter_06():

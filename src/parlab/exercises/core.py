@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import threading
 from dataclasses import dataclass
@@ -90,7 +91,17 @@ def _name(fn):
 
 
 def _call(fn, **kwargs):
-    """``fn(**kwargs)``; a learner's function still raising ``NotImplementedError`` fails the check, saying so."""
+    """``fn(**kwargs)``; a learner's function still raising ``NotImplementedError``, or one whose parameters
+    are not the names the check passes, fails the check, saying so."""
+    try:
+        signature = inspect.signature(fn)
+        signature.bind(**kwargs)
+    except TypeError:
+        raise ExerciseFailed(f"{_name(fn)}{signature} cannot be called as {_name(fn)}("
+                             f"{', '.join(f'{k}=…' for k in kwargs)}), as the check calls it: keep the parameter "
+                             f"names the exercise gives") from None
+    except ValueError:  # no signature to read (a builtin): let the call say what is wrong
+        pass
     try:
         return fn(**kwargs)
     except NotImplementedError:
@@ -129,8 +140,8 @@ def answer_of(*exercises: str):
             if _REFUSED:
                 for exercise in exercises:
                     if exercise in _REFUSED:
-                        raise ExerciseFailed(f"{label} is the package's answer to this exercise "
-                                             f"({exercise}): {_REFUSED[exercise]}")
+                        raise ExerciseFailed(f"{label} is the package's answer to this exercise: "
+                                             f"{_REFUSED[exercise]}")
             return fn(*args, **kwargs)
 
         answer.__answer_of__ = exercises
@@ -169,17 +180,19 @@ def refusing(exercise: str, why: str):
 def without(owner, names, why: str):
     """Chapter 07's and 08's older refusal, kept until they move to :func:`answer_of`: ``owner.<name>`` for
     each of ``names`` is replaced while the body runs, so only lookups through ``owner`` at call time fail.
-    A marked answer among them is refused as an object as well (aliases bound before the check too)."""
+    A marked answer among them is refused as an object instead, and left in place: a module first imported
+    inside the body (``from m import f``) would otherwise keep the replacement for good."""
     def refuse(*args, **kwargs):
         raise ExerciseFailed(why)
 
-    kept = {name: getattr(owner, name) for name in names}
-    marks = {e for value in kept.values() for e in getattr(value, "__answer_of__", ())}
+    found = {name: getattr(owner, name) for name in names}
+    marks = {e for value in found.values() for e in getattr(value, "__answer_of__", ())}
+    kept = {name: value for name, value in found.items() if not hasattr(value, "__answer_of__")}
     with contextlib.ExitStack() as stack:
         for exercise in sorted(marks):
             stack.enter_context(refusing(exercise, why))
         try:
-            for name in names:
+            for name in kept:
                 setattr(owner, name, refuse)
             yield
         finally:

@@ -407,7 +407,8 @@ def test_chapter_05_solutions_pass_and_copies_fail():
         check_tp_collectives(_reference_tp_collectives)
     with pytest.raises(ExerciseFailed, match="_reference_tp_collectives is the package's answer"):
         check_tp_collectives(lambda splits: _reference_tp_collectives(splits))
-    with pytest.raises(ExerciseFailed, match="that is one input"):  # planted: only c_attn's input
+    with pytest.raises(ExerciseFailed, match="half of it: the values are fp32, 4 bytes each, and GPT-2's layer "
+                                             "has two"):  # planted: only c_attn's input (or bf16's 2 bytes)
         check_sp_costs(lambda batch, seq_len, hidden, tp_size: (batch * seq_len * hidden * 4 * (tp_size - 1) // tp_size, 2),
                        "b", "a")
     with pytest.raises(ExerciseFailed, match=r"<lambda>\(batch, seq_len, hidden, tp\) cannot be called as "

@@ -66,7 +66,7 @@ def check_crossover_bytes(fn) -> Passed:
                           "worked out from the two algorithms' costs, not the check's own answer"))
 
 
-#: Exercise 1's question: why the buffer sent must not be the one added into. key → (option, feedback).
+#: Exercise 1's question: why the buffer sent must not be added into while its isend is in flight.
 SEND_BUFFER = {
     "a": ("isend may still be reading the buffer when you add into it, so the partner could receive "
           "a partly summed buffer", ""),
@@ -85,7 +85,8 @@ BELOW_CROSSOVER = {
 
 
 def check_send_buffer(answer) -> Passed:
-    """Chapter 02, exercise 1: why must the buffer you send not be the one you add into?"""
+    """Chapter 02, exercise 1: why must the buffer you send not be the one you add into before its ``isend``
+    is waited on? (After the wait it may be: the send has read it.)"""
     return check_choice("Why send a copy", answer, SEND_BUFFER, "a")
 
 

@@ -224,8 +224,8 @@ def check_sp_costs(saved_and_gathers, norms: str, literal: str) -> Passed:
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}) returned {got!r:.60}: return (bytes, all-gathers)")
         if got[0] != want[0]:
-            hint = (" (that is one input; GPT-2's layer has two column-parallel inputs: c_attn's and c_fc's)"
-                    if got[0] * 2 == want[0] else " (each rank keeps s/t of the tokens: it saves (t − 1)/t of each)"
+            hint = (" (half of it: the values are fp32, 4 bytes each, and GPT-2's layer has two column-parallel "
+                    "inputs, c_attn's and c_fc's)" if got[0] * 2 == want[0] else " (each rank keeps s/t of the tokens: it saves (t − 1)/t of each)"
                     if got[0] == want[0] * case["tp_size"] // (case["tp_size"] - 1) else "")
             raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}): {got[0]!r} bytes saved; expected {want[0]:,}{hint}")
         if got[1] != want[1]:

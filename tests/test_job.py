@@ -138,6 +138,61 @@ def test_exercise_fails_losses_not_averaged_over_ranks():
     print(failed.value)
 
 
+def _replicated(first_step, steps, save_to=None, load_from=None):
+    """A planted wrong answer: no fully_shard; every rank trains the whole model on the whole batch (so its
+    losses are the single-process loop's) and saves and loads through DCP."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from parlab.exercises.ch08 import LOOP
+    from parlab.models import tiny_llama, token_batch
+
+    model = tiny_llama(heads=4, kv_heads=4, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=LOOP["lr"], momentum=LOOP["momentum"])
+    if load_from:
+        model_state, opt_state = get_state_dict(model, opt)
+        state = {"model": model_state, "optim": opt_state}
+        dcp.load(state, checkpoint_id=load_from)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    losses = []
+    for step in range(first_step, first_step + steps):
+        x = token_batch(LOOP["global_batch"], LOOP["seq_len"], seed=step)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    if save_to:
+        dcp.save(dict(zip(("model", "optim"), get_state_dict(model, opt))), checkpoint_id=save_to)
+    return losses
+
+
+def test_exercise_fails_a_loop_that_never_calls_fully_shard():
+    with pytest.raises(ExerciseFailed, match="no forward ran through a module fully_shard had made") as failed:
+        check_sharded_training(_replicated, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
+def test_exercise_fails_a_loop_that_does_not_resume_from_its_checkpoint():
+    solution = _solution()
+
+    def replays(first_step, steps, save_to=None, load_from=None):
+        # the planted bug: load_from is ignored; the first steps are replayed instead (and a real sharded
+        # checkpoint is saved), which gives the right losses unless the checkpoint is not the replay's
+        return solution(0, first_step + steps, save_to=save_to)[first_step:]
+
+    with pytest.raises(ExerciseFailed, match=r"resumed on 3 ranks from your checkpoint, which the check altered") as failed:
+        check_sharded_training(replays, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
+def test_exercise_refuses_sizes_it_cannot_run_before_running():
+    with pytest.raises(ValueError, match="must differ from world_size"):
+        check_sharded_training(_replicated, world_size=2, resume_world_size=2)
+    with pytest.raises(ValueError, match="resume_world_size must be an int ≥ 2 dividing the batch of 12; got 5"):
+        check_sharded_training(_replicated, world_size=2, resume_world_size=5)
+
+
 def test_exercise_refuses_the_package_script():
     def borrowed(first_step, steps, save_to=None, load_from=None):
         return train_fsdp.train(dict(train_fsdp.CONFIG), steps, save_to, load_from)["losses"]

@@ -1,5 +1,7 @@
-"""Chapter 08's job: the Trainer under parlab.launch as under torchrun, the silent DDP fallback of FSDP on CPU,
-the resharded resume from a sharded checkpoint, and the exercise's check in both directions."""
+"""Chapter 08's job: the Trainer under parlab.launch as under torchrun and as one process, the accelerate loop
+as one process, the silent DDP fallback of FSDP on CPU, the resharded resume from a sharded checkpoint, and
+the exercise's check in both directions (a loop without fully_shard, one that does not resume from its
+checkpoint)."""
 
 from __future__ import annotations
 
@@ -36,11 +38,19 @@ def test_trainer_under_launch_is_the_trainer_under_torchrun(tmp_path):
     torchrun("parlab.job.hf", 2, "--config", '{"steps": 2}', "--out", str(tmp_path / "r.pt"), module=True)
     run = torch.load(tmp_path / "r.pt", weights_only=False)
     assert len(launched["losses"]) == 2
+    # in order (train_sampling_strategy="sequential"), its logged losses are one process's
+    assert_close(torch.tensor(launched["losses"]), torch.tensor(one_process(cfg)["losses"]), rtol=1e-5, atol=1e-6)
     assert_close(torch.tensor(launched["losses"]), torch.tensor(run["losses"]))
     for name, p in run["params"].items():
         assert_close(launched["params"][name], p, msg=name)
     assert launched["distributed_type"] == run["distributed_type"] == "MULTI_CPU"
     assert launched["wrapped"] == run["wrapped"] == "DistributedDataParallel"
+
+
+def test_the_accelerate_loop_is_one_process():
+    cfg = {"steps": 2}
+    losses = parlab.launch(hf.accelerate_loop, 3, kwargs={"cfg": cfg}, timeout=120, output="none")[0]
+    assert_close(torch.tensor(losses), torch.tensor(one_process(cfg)["losses"]), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(not CPU, reason="the fallback happens on CPU ranks only")

@@ -33,7 +33,8 @@ when recomputing), which nothing hides; a pipeline of p stages runs m micro-batc
 §4.1); data parallelism's collectives come from :func:`predict_dp_step` (chapter 04), which knows what
 each implementation of each ZeRO stage hides. Memory per rank is :func:`parlab.measure.estimate_memory`
 (chapter 01) for the heaviest stage. MFU (model FLOPs, no recomputation) and HFU (what executes) are
-reported. :data:`PUBLISHED_RUNS` are five runs the model is checked against (``tests/test_planner.py``).
+reported. :data:`PUBLISHED_RUNS` are five runs the model is checked against (``tests/test_planner.py``) and fitted
+:data:`UTILIZATION` on; :data:`HELD_OUT_RUNS` (Narayanan et al. 2021, Table 2) fitted nothing.
 
 **The package, by idea:** :mod:`~parlab.planner.hardware` (links, collectives, GPUs, clusters),
 :mod:`~parlab.planner.workload` (a model, its batch, a layout), :mod:`~parlab.planner.data_parallel` (what
@@ -47,13 +48,14 @@ from parlab.planner.hardware import (A100, BUCKET_BYTES, GPU, H100, LINKS, OPS, 
                                      UTILIZATION, Cluster, Link, cluster_of, collective_seconds, fitted_link,
                                      ring_costs)
 from parlab.planner.data_parallel import IMPLEMENTATIONS, RESHARDS, STRATEGIES, ddp_buckets, predict_dp_step
-from parlab.planner.workload import Layout, Workload, root_params, stage_layers, stage_params
-from parlab.planner.memory import stage_memory
-from parlab.planner.step import Prediction, predict
+from parlab.planner.workload import ATTENTIONS, RECOMPUTES, Layout, Workload, root_params, stage_layers, stage_params
+from parlab.planner.memory import stage_memory, zero3_working_set
+from parlab.planner.step import TERMS, Prediction, predict
 from parlab.planner.search import candidates, layout_of
-from parlab.planner.published import PUBLISHED_RUNS, PublishedRun, calibrated_utilization, eq3_flops
+from parlab.planner.published import (CALIBRATION_RUNS, HELD_OUT_RUNS, PUBLISHED_RUNS, PublishedRun,
+                                      baseline_step, baseline_utilization, calibrated_utilization, eq3_flops)
 
-__all__ = ["A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
+__all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
            "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",

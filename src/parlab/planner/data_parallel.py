@@ -19,7 +19,8 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
                     backward_s: float, optimizer_s: float, buckets: int = 1, blocks: int = 1,
                     overlap: bool = True, micro_batches: int = 1, root_bytes: float = 0.0,
                     root_gathers: int = 1, *, implementation: str = "megatron",
-                    reshard: str = "after_forward") -> float:
+                    reshard: str = "after_forward", gathers_per_block: int = 1, prefetch: bool = True,
+                    reduce_bytes: float | None = None) -> float:
     """Seconds per training step of one data-parallel strategy under the α-β model (a model, not a measurement).
 
     ``costs[op] = (α, β)`` per collective call (:func:`ring_costs`, or fitted with ``fit_alpha_beta``);
@@ -60,6 +61,16 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
       first forward, and 1 reduce-scatter after the last backward, with nothing left to hide it; the weights
       and whole gradients stay on the rank through the step, which is stage 1's memory.
 
+    ``reduce_bytes``: the bytes DDP's and stages 1–2's gradient reductions carry, when they are not the
+    weights' (Megatron-LM in bf16 reduces fp32 gradients: twice ``num_bytes``); ``None``: ``num_bytes``.
+
+    Each stage-3 collective pays its ring's latency floor, (n − 1)·α per call whatever its size
+    (:func:`~parlab.planner.hardware.ring_costs`): at 1,536 ranks over InfiniBand, 7.7 ms, as long as a
+    GPT-3 layer's forward at one sequence per GPU. ``gathers_per_block``: the calls that gather one block
+    (FSDP2: 1, its parameters flattened into one all-gather; DeepSpeed's ZeRO-3 of 2021: one per parameter
+    tensor). ``prefetch``: the next block's gather runs beside this block's computation, so the longer of
+    the two counts; ``False`` (a block too large for the implementation's prefetch buffer) makes them add.
+
     Stage 3's root: ``root_bytes`` of ``num_bytes`` belong to the parameters outside the blocks (embeddings,
     final norm, output layer), one more gather unit. Its all-gather is the first thing forward needs and its
     reduce-scatter the last thing backward issues, so neither has computation to hide behind: both are on
@@ -88,12 +99,13 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
         return max(compute, communication) if overlap else compute + communication
 
     n, first, last = world_size, forward_s / m, backward_s / m  # one pass: what a step's first/last can hide
+    grads = num_bytes if reduce_bytes is None else reduce_bytes
     if strategy == "ddp":  # buckets all-reduced during the last backward
-        return forward_s + backward_s - last + beside(last, comm("all_reduce", buckets)) + optimizer_s
+        return forward_s + backward_s - last + beside(last, comm("all_reduce", buckets, grads)) + optimizer_s
     if strategy in ("zero1", "zero2"):
-        reduce = (1 if strategy == "zero1" else m) * comm("reduce_scatter", buckets)
+        reduce = (1 if strategy == "zero1" else m) * comm("reduce_scatter", buckets, grads)
         if strategy == "zero1" and implementation == "course":  # one flat buffer after backward: nothing beside it
-            backward = backward_s + comm("reduce_scatter", 1)
+            backward = backward_s + comm("reduce_scatter", 1, grads)
         elif strategy == "zero1":  # during the last backward
             backward = backward_s - last + beside(last, reduce)
         else:  # during every backward
@@ -105,21 +117,26 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
         return forward_s + backward + optimizer_s / n + gather
     # stage 3 with prefetch: the blocks' collectives hide behind the computation; the root's add
     body = num_bytes - root_bytes
+    positive_int("gathers_per_block", gathers_per_block, "collective calls that gather one block")
+    if not prefetch:  # nothing gathered ahead: every gather waits, then the computation runs
+        beside = lambda compute, communication: compute + communication  # noqa: E731
+    per_block = blocks * gathers_per_block
     root = (root_gathers * comm("all_gather", 1, root_bytes) + comm("reduce_scatter", 1, root_bytes)
             if root_bytes else 0.0)
     if reshard == "after_forward":
-        return (beside(forward_s, m * comm("all_gather", blocks, body))
-                + beside(backward_s, m * (comm("all_gather", blocks, body) + comm("reduce_scatter", blocks, body)))
+        return (beside(forward_s, m * comm("all_gather", per_block, body))
+                + beside(backward_s, m * (comm("all_gather", per_block, body) + comm("reduce_scatter", per_block, body)))
                 + m * root + optimizer_s / n)
     root_gather = comm("all_gather", 1, root_bytes) if root_bytes else 0.0
     if reshard == "after_backward":  # the first forward gathers; each later pass's backward gathers again
         root_reduce = comm("reduce_scatter", 1, root_bytes) if root_bytes else 0.0
-        return (beside(forward_s, comm("all_gather", blocks, body))
-                + beside(backward_s, (m - 1) * comm("all_gather", blocks, body) + m * comm("reduce_scatter", blocks, body))
+        return (beside(forward_s, comm("all_gather", per_block, body))
+                + beside(backward_s, (m - 1) * comm("all_gather", per_block, body)
+                         + m * comm("reduce_scatter", per_block, body))
                 + m * (root_gather + root_reduce) + optimizer_s / n)
     # after_step: one gather under the first forward, one reduce-scatter of everything after the last backward
     units = blocks + (1 if root_bytes else 0)
-    return (forward_s - first + beside(first, comm("all_gather", blocks, body)) + root_gather + backward_s
+    return (forward_s - first + beside(first, comm("all_gather", per_block, body)) + root_gather + backward_s
             + comm("reduce_scatter", units) + optimizer_s / n)
 
 

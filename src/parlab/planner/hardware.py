@@ -107,12 +107,14 @@ H100 = GPU("H100 SXM5 80 GB", 80e9, 989e12, 3.35e12,
            "NVIDIA H100 datasheet (SXM): 989 TFLOP/s dense bf16 (1,979 with sparsity), 3.35 TB/s HBM3")
 #: Share of peak FLOP/s the GPU reaches on the FLOPs it executes (hardware FLOPs utilisation of the
 #: computation: recomputation counted; the bubble and exposed communication are priced apart, not in it).
-#: Calibrated on the five published runs of :data:`PUBLISHED_RUNS` (Megatron-LM and BLOOM on A100s: the
-#: value that centres their errors, one for all rows; ``tests/test_planner.py`` holds each within ±20 %).
-#: Their own figures bracket it: 44 % of peak for a data-parallel-only GPT 1.7B and 52 % for GPT 1T, both
-#: including bubble and communication (Narayanan et al. 2021, Table 1); PaLM's 57.8 % HFU on TPUs
-#: (Chowdhery et al. 2022, Appendix B).
-UTILIZATION = 0.58
+#: The planner's one fitted constant, for the A100 generation only: fitted on the five runs of
+#: :data:`~parlab.planner.published.CALIBRATION_RUNS` (Narayanan et al. 2021 Table 1's four rows, BLOOM 176B:
+#: the value that centres their errors, :func:`~parlab.planner.published.calibrated_utilization`); the runs
+#: of :data:`~parlab.planner.published.HELD_OUT_RUNS` (Table 2) fitted nothing. Their own figures bracket it:
+#: 44 % of peak for a data-parallel-only GPT 1.7B and 52 % for GPT 1T, both including bubble and
+#: communication (Narayanan et al. 2021, Table 1); PaLM's 57.8 % HFU on TPUs (Chowdhery et al. 2022,
+#: Appendix B). No H100 run is fitted: H100 predictions carry the A100's share, an assumption.
+UTILIZATION = 0.62
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB

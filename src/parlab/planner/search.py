@@ -6,18 +6,23 @@ import re
 
 from parlab.planner import step
 from parlab.planner.hardware import Cluster
-from parlab.planner.workload import Layout, Workload
+from parlab.planner.step import Prediction
+from parlab.planner.workload import Layout, Workload, stage_layers
 
 
-def candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3)) -> list[Prediction]:
+def candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), chunks=(1,),
+               **options) -> list[Prediction]:
     """Every layout of ``cluster`` the model and batch allow, predicted; those that fit first, fastest first.
     TP divides the heads and may span up to four nodes (tried, and priced at the links it crosses); PP is
     any number of stages up to the layers (uneven stages: :func:`stage_layers`); the batch must divide into
-    whole micro-batches per replica."""
-    return _candidates(workload, cluster, zero_stages)
+    whole micro-batches per replica. ``chunks``: the interleaving depths to try beside a pipeline (each
+    where every chunk keeps a layer: :func:`~parlab.planner.step.predict`); ``options`` go to ``predict``
+    (``implementation``, ``reshard``, ``tp_overlap``, ``without``)."""
+    return _candidates(workload, cluster, zero_stages, chunks, **options)
 
 
-def _candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3)) -> list[Prediction]:
+def _candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), chunks=(1,),
+                **options) -> list[Prediction]:
     heads = workload.config.num_attention_heads
     n, out = cluster.world_size, []
     for tp in (t for t in range(1, min(n, 4 * cluster.gpus_per_node) + 1) if n % t == 0 and heads % t == 0
@@ -26,8 +31,11 @@ def _candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3)) 
             dp = n // (tp * pp)
             if workload.global_batch % (dp * workload.micro_batch):
                 continue
+            smallest = min(stage_layers(workload, pp))
             for stage in zero_stages if dp > 1 else (0,):
-                out.append(step._predict(workload, Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage), cluster))
+                for v in (c for c in chunks if c == 1 or 1 < pp and c <= smallest):
+                    out.append(step._predict(workload, Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage), cluster,
+                                             chunks=v, **options))
     return sorted(out, key=lambda p: (not p.fits, p.step_s))
 
 

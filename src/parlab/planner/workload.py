@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 from parlab.checks import positive_int
 from parlab.parallel.topology import Topology
 
+#: What a :class:`Workload`'s attention keeps for backward (the estimator's ``attention``, chapter 01).
+ATTENTIONS = ("sdpa", "eager")
+#: How much of each layer's forward backward runs again.
+RECOMPUTES = ("none", "selective", "full")
+
 
 def root_params(config) -> int:
     """The parameters outside a transformers model's stack of layers (its largest ``nn.ModuleList``): the
@@ -30,7 +35,16 @@ def root_params(config) -> int:
 @dataclass(frozen=True)
 class Workload:
     """A model and its batch: ``model`` a transformers config or a ``parlab.advice`` preset name;
-    ``global_batch`` sequences of ``seq_len`` tokens per step, ``micro_batch`` of them per forward pass."""
+    ``global_batch`` sequences of ``seq_len`` tokens per step, ``micro_batch`` of them per forward pass.
+
+    ``attention``: ``"sdpa"`` (a fused kernel: no s × s scores kept; what transformers and every current
+    stack runs) or ``"eager"`` (the scores kept, as Megatron-LM's 2021-22 softmax kernel did); always named,
+    never guessed from the config. ``recompute``: ``"none"``, ``"selective"`` (Korthikanti et al. 2022,
+    §5: only the attention core, softmax(QKᵀ)·V, recomputed: its s × s activations never kept, its 4·s·h
+    FLOPs per token run again in backward) or ``"full"`` (every layer's forward redone in backward, only its
+    input kept); ``checkpointing=True`` is ``recompute="full"``. ``sequence_parallel``: the activations
+    outside TP's matrix products split over the tp ranks too (Korthikanti et al. 2022, §4.2.2; chapter 05).
+    """
 
     model: object
     global_batch: int
@@ -39,7 +53,9 @@ class Workload:
     precision: str = "bf16"
     optimizer: str = "adam"
     checkpointing: bool = False
-    attention: str | None = None
+    attention: str = "sdpa"
+    recompute: str | None = None
+    sequence_parallel: bool = False
     num_params: int = field(init=False)
     root_params: int = field(init=False)
     config: object = field(init=False, repr=False)
@@ -55,6 +71,16 @@ class Workload:
         positive_int("global_batch", self.global_batch, "sequences per step")
         positive_int("seq_len", self.seq_len, "tokens per sequence")
         positive_int("micro_batch", self.micro_batch, "sequences per forward pass")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention={self.attention!r}; choose one of {', '.join(map(repr, ATTENTIONS))} "
+                             f"(sdpa: fused, no s × s scores kept; eager: the scores kept, as 2021-22 Megatron-LM)")
+        if self.recompute is not None and self.recompute not in RECOMPUTES:
+            raise ValueError(f"recompute={self.recompute!r}; choose one of {', '.join(map(repr, RECOMPUTES))}")
+        if self.checkpointing and self.recompute not in (None, "full"):
+            raise ValueError(f"checkpointing=True means recompute='full'; got recompute={self.recompute!r} too")
+        recompute = "full" if self.checkpointing else (self.recompute or "none")
+        object.__setattr__(self, "recompute", recompute)
+        object.__setattr__(self, "checkpointing", recompute == "full")
 
     @property
     def layers(self) -> int:
@@ -82,7 +108,7 @@ class Workload:
     def layer_flops(self) -> float:
         """Forward FLOPs of one layer per token: 2 per weight (its matrix products) plus attention's scores and
         weighted sum, 4·s·h (Narayanan et al. 2021, eq. 3: 24·h² + 4·s·h for a GPT layer)."""
-        return 2 * self.layer_params + 4 * self.seq_len * self.hidden
+        return 2 * self.layer_params + self.attention_flops
 
     @property
     def output_flops(self) -> float:
@@ -94,8 +120,24 @@ class Workload:
         architecture and ``attention``: eager keeps the s × s scores, sdpa does not). The layer's other work
         than its matrix products (norms, softmax, dropout, activation function, residual adds) reads and
         writes about these bytes, and is bound by memory bandwidth, not FLOPs: :func:`predict` prices it so."""
-        return _layer_bytes(self.config.to_json_string(), self.attention, self.seq_len, self.micro_batch,
+        return _layer_bytes(self.config.to_json_string(), self.kept_attention, self.seq_len, self.micro_batch,
                             self.value_bytes, tp)
+
+    @property
+    def layer_tensors(self) -> tuple[int, int]:
+        """(parameter tensors of one layer, the largest one's values): what a ZeRO-3 that gathers tensor by
+        tensor calls per layer, and what its prefetch buffer must hold."""
+        return _layer_tensors(self.config.to_json_string())
+
+    @property
+    def kept_attention(self) -> str:
+        """What the attention keeps for backward: selective recomputation keeps what a fused kernel keeps."""
+        return "sdpa" if self.recompute == "selective" else self.attention
+
+    @property
+    def attention_flops(self) -> float:
+        """Forward FLOPs per token of one layer's attention core, QKᵀ and the weighted sum of V: 4·s·h."""
+        return 4 * self.seq_len * self.hidden
 
     def model_flops(self) -> float:
         """Model FLOPs of one step: forward and backward (3 × forward) of every layer and the output layer, for
@@ -105,8 +147,25 @@ class Workload:
     def hardware_flops(self) -> float:
         """FLOPs the GPUs execute in one step: the model's, plus the layers' forward again when activations are
         recomputed (what HFU counts; Narayanan et al. 2021's eq. 3, 96·B·s·l·h²·(1 + s/6h + V/16lh))."""
-        redo = self.global_batch * self.seq_len * self.layers * self.layer_flops if self.checkpointing else 0.0
-        return self.model_flops() + redo
+        return self.model_flops() + self.global_batch * self.seq_len * self.layers * self.recompute_flops
+
+    @property
+    def recompute_flops(self) -> float:
+        """FLOPs per token and layer that backward runs again: the whole forward (full), the attention core
+        (selective: Korthikanti et al. 2022, Table 4's 2.7 % for GPT-3) or none."""
+        return {"full": self.layer_flops, "selective": self.attention_flops, "none": 0.0}[self.recompute]
+
+
+@functools.cache
+def _layer_tensors(config_json: str) -> tuple[int, int]:
+    from torch import nn
+
+    from parlab.measure.activations import meta_model
+
+    stacks = [m for m in meta_model(config_json).modules() if isinstance(m, nn.ModuleList)]
+    layer = max(stacks, key=lambda m: sum(p.numel() for p in m.parameters()))[0]
+    sizes = [p.numel() for p in layer.parameters()]
+    return len(sizes), max(sizes)
 
 
 @functools.cache

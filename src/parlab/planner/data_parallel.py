@@ -61,7 +61,7 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
       first forward, and 1 reduce-scatter after the last backward, with nothing left to hide it; the weights
       and whole gradients stay on the rank through the step, which is stage 1's memory.
 
-    ``reduce_bytes``: the bytes DDP's and stages 1–2's gradient reductions carry, when they are not the
+    ``reduce_bytes``: the bytes every stage's gradient reductions carry, when they are not the
     weights' (Megatron-LM in bf16 reduces fp32 gradients: twice ``num_bytes``); ``None``: ``num_bytes``.
 
     Each stage-3 collective pays its ring's latency floor, (n − 1)·α per call whatever its size
@@ -121,23 +121,25 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
     if not prefetch:  # nothing gathered ahead: every gather waits, then the computation runs
         beside = lambda compute, communication: compute + communication  # noqa: E731
     per_block = blocks * gathers_per_block
-    root = (root_gathers * comm("all_gather", 1, root_bytes) + comm("reduce_scatter", 1, root_bytes)
+    scale = grads / num_bytes if num_bytes else 1.0  # gradients reduced in their own dtype
+    root = (root_gathers * comm("all_gather", 1, root_bytes) + comm("reduce_scatter", 1, scale * root_bytes)
             if root_bytes else 0.0)
     if reshard == "after_forward":
         return (beside(forward_s, m * comm("all_gather", per_block, body))
-                + beside(backward_s, m * (comm("all_gather", per_block, body) + comm("reduce_scatter", per_block, body)))
+                + beside(backward_s, m * (comm("all_gather", per_block, body)
+                                          + comm("reduce_scatter", per_block, scale * body)))
                 + m * root + optimizer_s / n)
     root_gather = comm("all_gather", 1, root_bytes) if root_bytes else 0.0
     if reshard == "after_backward":  # the first forward gathers; each later pass's backward gathers again
-        root_reduce = comm("reduce_scatter", 1, root_bytes) if root_bytes else 0.0
+        root_reduce = comm("reduce_scatter", 1, scale * root_bytes) if root_bytes else 0.0
         return (beside(forward_s, comm("all_gather", per_block, body))
                 + beside(backward_s, (m - 1) * comm("all_gather", per_block, body)
-                         + m * comm("reduce_scatter", per_block, body))
+                         + m * comm("reduce_scatter", per_block, scale * body))
                 + m * (root_gather + root_reduce) + optimizer_s / n)
     # after_step: one gather under the first forward, one reduce-scatter of everything after the last backward
     units = blocks + (1 if root_bytes else 0)
     return (forward_s - first + beside(first, comm("all_gather", per_block, body)) + root_gather + backward_s
-            + comm("reduce_scatter", units) + optimizer_s / n)
+            + comm("reduce_scatter", units, grads) + optimizer_s / n)
 
 
 # -- DDP's buckets as PyTorch cuts them (chapter 06) ---------------------------------------------------------

@@ -163,8 +163,9 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     parts = {"compute": m * (forward + backward), "bubble": (slots - m) * (forward + backward),
              "tp": slots * (tp_forward + tp_backward), "pp": slots * 2 * p2p_s, "optimizer": optimizer_part}
     parts["dp"] = max(0.0, step - sum(parts.values()))
-    zero3_bytes = {"after_forward": m * (3 * grad_bytes - root),  # FSDP2 gathers its root once per pass
-                   "after_backward": 2 * m * grad_bytes, "after_step": 2 * grad_bytes}[reshard]
+    reduced = psi * grad_value  # one reduce-scatter of this rank's gradients, in their dtype
+    zero3_bytes = {"after_forward": m * (2 * grad_bytes - root + reduced),  # FSDP2 gathers its root once per pass
+                   "after_backward": m * (grad_bytes + reduced), "after_step": grad_bytes + reduced}[reshard]
     dp_bytes = {0: psi * grad_value, 1: psi * (grad_value + w.value_bytes), 2: (m * grad_value + w.value_bytes) * psi,
                 3: zero3_bytes}[layout.zero_stage]
     tp_calls = (6 if w.checkpointing else 4) * stages[slow] * m

@@ -31,8 +31,12 @@ Megatron's all-reduces of one activation per layer and micro-batch (two forward,
 when recomputing), which nothing hides; a pipeline of p stages runs m micro-batches in m + p − 1 slots
 (the bubble, chapter 06) and sends 1/t of an activation each way per micro-batch (scatter/gather, ibid.
 §4.1); data parallelism's collectives come from :func:`predict_dp_step` (chapter 04), which knows what
-each implementation of each ZeRO stage hides. Memory per rank is :func:`parlab.measure.estimate_memory`
-(chapter 01) for the heaviest stage. MFU (model FLOPs, no recomputation) and HFU (what executes) are
+each implementation of each ZeRO stage hides; every collective call pays its ring's latency floor,
+(n − 1)·α, so ZeRO-3 at one sequence per GPU over a 1,536-rank ring no longer hides (DeepSpeed's of 2021
+gathered tensor by tensor). Memory per rank is :func:`parlab.measure.estimate_memory` (chapter 01) for the
+heaviest stage, with the implementation's gradient dtype (Megatron-LM in bf16: fp32, 18 bytes per
+parameter) and ZeRO-3's working set (:func:`zero3_working_set`). ``predict(..., without=(term,))`` leaves
+one cost term out (:data:`TERMS`), so that a test can show what each adds. MFU (model FLOPs, no recomputation) and HFU (what executes) are
 reported. :data:`PUBLISHED_RUNS` are five runs the model is checked against (``tests/test_planner.py``) and fitted
 :data:`UTILIZATION` on; :data:`HELD_OUT_RUNS` (Narayanan et al. 2021, Table 2) fitted nothing.
 

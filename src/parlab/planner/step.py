@@ -46,8 +46,9 @@ class Prediction:
 
 #: The cost terms :func:`predict` can leave out (``without=``), each to show what it adds (``tests/test_planner.py``).
 TERMS = ("attention", "memory_bound", "recompute", "tp", "pp", "bubble", "dp", "dp_overlap", "latency")
-#: DeepSpeed ZeRO-3's prefetch buffer, in parameters: ``stage3_prefetch_bucket_size``'s default, 5e7
-#: (DeepSpeed's ZeRO configuration docs); a parameter larger than it is gathered when needed, not ahead.
+#: DeepSpeed ZeRO-3's prefetch buffer, in parameters: ``stage3_prefetch_bucket_size``'s default, 5e7,
+#: "maximum number of parameter elements to fetch ahead of use" (``deepspeed/runtime/zero/config.py``); a
+#: tensor larger than it is gathered when needed, not ahead.
 DEEPSPEED_PREFETCH_PARAMS = 5e7
 
 

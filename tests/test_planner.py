@@ -544,3 +544,14 @@ def test_the_trivial_baseline_is_shown_for_what_it_is():
     z1536, d1536 = planner.HELD_OUT_RUNS[1], planner.HELD_OUT_RUNS[3]
     ratio = (planner.baseline_step(z1536, u) / z1536.step_s) / (planner.baseline_step(d1536, u) / d1536.step_s)
     assert ratio < 0.4  # the baseline makes ZeRO-3 at 1536 GPUs 3 × too fast, relative to 3-D
+
+
+def test_tp_overlap_is_an_option_off_by_default():
+    """Megatron-LM's --tp-comm-overlap and torchtitan's async TP run TP's collectives beside the matrix
+    products; 2021 Megatron (the default here) did not: exposed TP time shrinks, and never below zero."""
+    w = planner.Workload("Llama 2 13B", global_batch=8, seq_len=4096, checkpointing=True)
+    pcie, tp8 = planner.cluster_of("pcie"), planner.Layout(tp=8)
+    plain, overlapped = planner.predict(w, tp8, pcie), planner.predict(w, tp8, pcie, tp_overlap=True)
+    assert plain.parts["tp"] > overlapped.parts["tp"] >= 0 and overlapped.step_s < plain.step_s
+    nvlink = planner.predict(w, tp8, planner.cluster_of("nvlink"), tp_overlap=True)
+    assert nvlink.parts["tp"] == 0.0  # over NVLink the layers' computation covers every all-reduce

@@ -95,7 +95,7 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     stages = stage_layers(w, pp)
     if chunks > 1 and (pp == 1 or chunks > min(stages)):
         raise ValueError(f"chunks={chunks}: each of a pipeline rank's chunks needs at least one layer; "
-                         + (f"pp=1 has no pipeline to interleave (use chunks=1)" if pp == 1 else
+                         + ("pp=1 has no pipeline to interleave (use chunks=1)" if pp == 1 else
                             f"{w.layers} layers on pp={pp} stages leave {min(stages)} on the smallest, so chunks "
                             f"may be 1 to {min(stages)}"))
     if "latency" in off:

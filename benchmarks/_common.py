@@ -80,3 +80,30 @@ def timing_setup(ap: argparse.ArgumentParser, args) -> tuple[str, str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     on_gpus = gpus >= args.world_size
     return args.preset or ("gpu" if on_gpus else "cpu"), "nccl" if on_gpus else "gloo"
+
+
+class Kernel:
+    """A fresh Jupyter kernel, driven as JupyterLab drives it."""
+
+    def __init__(self):
+        from jupyter_client.manager import start_new_kernel
+
+        self.km, self.kc = start_new_kernel(kernel_name="python3")
+
+    def execute(self, code: str) -> str:
+        out, errors = [], []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                errors.append("\n".join(msg["content"]["traceback"]))
+
+        reply = self.kc.execute_interactive(code, timeout=600, output_hook=hook)
+        if reply["content"]["status"] != "ok" or errors:
+            raise RuntimeError(f"the kernel failed on:\n{code}\n" + "\n".join(errors))
+        return "".join(out)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)

@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import describe, machine, results_dir, write  # noqa: E402
+from _common import Kernel, describe, machine, results_dir, write  # noqa: E402
 
 TARGETS = {"world_size": 4, "median_s": 0.15, "max_s": 0.5}
 
@@ -87,44 +87,18 @@ TORCHRUN_WORKER = textwrap.dedent("""
 """)
 
 
-class _Kernel:
-    """A fresh Jupyter kernel, driven as JupyterLab drives it."""
-
-    def __init__(self):
-        from jupyter_client.manager import start_new_kernel
-
-        self.km, self.kc = start_new_kernel(kernel_name="python3")
-
-    def execute(self, code: str) -> str:
-        out, errors = [], []
-
-        def hook(msg):
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            elif msg["msg_type"] == "error":
-                errors.append("\n".join(msg["content"]["traceback"]))
-
-        reply = self.kc.execute_interactive(code, timeout=600, output_hook=hook)
-        if reply["content"]["status"] != "ok" or errors:
-            raise RuntimeError(f"the kernel failed on:\n{code}\n" + "\n".join(errors))
-        return "".join(out)
-
-    def launch_time(self, n: int, options: str = "") -> float:
-        text = self.execute(LAUNCH_CELL.format(n=n, options=options))
-        return float(next(line.split()[1] for line in text.splitlines() if line.startswith("TIME ")))
-
-    def close(self) -> None:
-        self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+def _launch_time(kernel: Kernel, n: int, options: str = "") -> float:
+    text = kernel.execute(LAUNCH_CELL.format(n=n, options=options))
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith("TIME ")))
 
 
 def _from_kernel(n: int, repeats: int, slow_repeats: int) -> tuple[list[float], list[float]]:
     """Zygote launches (the first, then ``repeats`` warm ones) and spawn launches, from one fresh kernel."""
-    kernel = _Kernel()
+    kernel = Kernel()
     try:
         kernel.execute(WORK)
-        zygote = [kernel.launch_time(n) for _ in range(repeats + 1)]
-        spawn = [kernel.launch_time(n, ", start_method='spawn'") for _ in range(slow_repeats)]
+        zygote = [_launch_time(kernel, n) for _ in range(repeats + 1)]
+        spawn = [_launch_time(kernel, n, ", start_method='spawn'") for _ in range(slow_repeats)]
     finally:
         kernel.close()
     return zygote, spawn

@@ -2,7 +2,8 @@
 (PyTorch's ``scaled_dot_product_attention``): outputs and gradients of q, k, v, at cp 2, 3 and 4, with
 grouped-query attention, causal (contiguous and load-balanced) and not, sequences that do not divide;
 bytes sent against ``ring_bytes``, work per rank against ``Layout.score_pairs``, memory kept for backward
-against the formula; a planted bug (the online softmax without its max correction) caught by a wide margin.
+against the formula; a planted bug (the online softmax without its max correction) caught by a wide margin;
+the pairs the kernel computes (whole blocks) against a head-and-tail-aware kernel's; the backward α-β model.
 """
 
 from __future__ import annotations
@@ -151,3 +152,42 @@ def test_layout_checks_its_input():
     assert lay.positions(0).tolist() == [0, 1, 2, 8, 9] and lay.positions(1).tolist() == [3, 4, 5, 6, 7]
     x = torch.arange(10.0)[:, None]
     assert torch.equal(lay.unshard([lay.shard(x, 0), lay.shard(x, 1)]), x)
+
+
+def test_backward_model_and_its_crossover():
+    kw = dict(heads=32, kv_heads=8, head_dim=128, flops=400e12, bandwidth=50e9)
+    fwd, bwd = cpx.overlap_chunk(**kw), cpx.overlap_chunk(backward=True, **kw)
+    assert bwd == pytest.approx(fwd * 0.8)
+    at = cpx.cp_step(int(bwd) * 8, 8, alpha=0.0, backward=True, **kw)
+    assert at.compute_s == pytest.approx(at.comm_s, rel=0.01)
+    step = cpx.cp_step(4096, 8, alpha=0.0, **kw)
+    back = cpx.cp_step(4096, 8, alpha=0.0, backward=True, **kw)
+    assert back.compute_s == pytest.approx(2.5 * step.compute_s) and back.comm_s == pytest.approx(2 * step.comm_s)
+
+
+def _count_computed(seq_len):
+    r, n, computed = dist.get_rank(), dist.get_world_size(), []
+    layout = cpx.Layout(seq_len, n)
+    real = cpx.block_attention
+
+    def counting(q, k, v, mask, scale):  # the kernel computes every pair of the block it is handed
+        computed.append(q.shape[-2] * k.shape[-2])
+        return real(q, k, v, mask, scale)
+
+    cpx.block_attention = counting
+    q, k, v, _ = (layout.shard(t, r) for t in whole(seq_len))
+    cpx.ring_attention(q, k, v, layout)
+    return computed
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_head_and_tail_kernel_computes_half_of_what_whole_blocks_do(n):
+    seq_len = 8 * n  # chunks of 4 tokens
+    layout = cpx.Layout(seq_len, n)
+    measured = parlab.launch(_count_computed, world_size=n, args=(seq_len,), announce=False, output="none")
+    assert measured == layout.computed_pairs()  # every step computes a whole block: (2c)² pairs
+    whole_blocks, tiles = (sum(map(sum, rows)) for rows in (layout.computed_pairs(), layout.computed_pairs(tiles=True)))
+    visible, c = seq_len * (seq_len + 1) // 2, seq_len // (2 * n)
+    assert whole_blocks == n * n * (2 * c) ** 2  # cp steps of (2c)² on each of cp ranks: ≈ 2 × visible
+    assert tiles - visible == n * c * (c - 1)  # only the two diagonal tiles' hidden halves, per rank
+    assert all(step == 2 * c * c for row in layout.computed_pairs(tiles=True) for step in row[1:])

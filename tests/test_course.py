@@ -104,20 +104,43 @@ def test_the_course_folder_is_found_from_anywhere(tmp_path, monkeypatch):
     assert course.chapters()[0].name == "00_welcome.ipynb"
 
 
+def test_require_gpu_reads_every_launch_of_a_chapter(tmp_path):
+    """Every launch counts, not only the parameters cell's world_size: a 4-GPU runner runs the 2- and 4-rank
+    launches on GPUs and reports the 8-rank ones; a launch that fits but ran on CPU fails the chapter."""
+    log = tmp_path / "launches.jsonl"
+    rows = [(2, "auto", "cuda", "", 4, "parlab.launch"), (4, "auto", "cuda", "", 4, "parlab.launch"),
+            (8, "auto", "cpu", "4 GPU(s) visible, NCCL needs one per rank: running on CPU instead", 4, "parlab.launch"),
+            (8, "auto", "cpu", "4 GPU(s) visible, NCCL needs one per rank: running on CPU instead", 4, "parlab.launch"),
+            (2, "gloo", "cpu", "", 4, "parlab.launch"), (3, "auto", "cuda", "", 4, "torchrun")]
+    log.write_text("".join(json.dumps(dict(zip(("world_size", "backend", "device_type", "note", "gpus", "via"), r)))
+                           + "\n" for r in rows))
+    assert course.gpu_launches(log, 4) == ("", "on CPU: parlab.launch of 8 ranks (needs 8 GPUs) ×2; "
+                                               "parlab.launch of 2 ranks (backend='gloo' asked)")
+    with log.open("a") as f:  # a torchrun cell whose kernel saw no GPU
+        f.write(json.dumps({"world_size": 3, "backend": "auto", "device_type": "cpu", "note": "", "gpus": 0,
+                            "via": "torchrun"}) + "\n")
+    wrong, _ = course.gpu_launches(log, 4)
+    assert wrong == "torchrun of 3 rank(s) ran on CPU, though 4 GPU(s) are here (the kernel saw 0 GPU(s))"
+
+
 @pytest.mark.slow
-def test_require_gpu_fails_a_chapter_that_would_run_on_cpu(small_course, tmp_path, monkeypatch):
-    result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, ci=True, html=False, require_gpu=True)
+def test_require_gpu_runs_a_chapter_and_checks_its_launches(small_course, tmp_path, monkeypatch):
+    _chapter(small_course, "03_launches", "world_size = 4",
+             "import parlab\nparlab.launch(lambda: 0, world_size, announce=False)\n"
+             "parlab.launch(lambda: 0, 1, backend='gloo', announce=False)", ci={"world_size": 2})
+    chapter = small_course / "03_launches.ipynb"
+    result = course.run_chapter(chapter, tmp_path, ci=True, html=False, require_gpu=True)
     assert not result.passed and result.seconds == 0.0
-    assert result.error.startswith("not run: world_size=2 would not run in GPU mode here (parlab: 2 ranks · gloo")
-    monkeypatch.setattr(lease, "_torch_device_count", lambda: 4)  # a GPU runner, as far as the plan can tell
+    assert result.error.startswith("not run: --require-gpu, but no GPU is visible here")
     monkeypatch.delenv("PARLAB_GPUS", raising=False)
-    result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, ci=True, html=False, require_gpu=True)
-    assert result.passed, result.error
-    # without --ci the chapter's own world_size = 4 counts: 4 GPUs suffice, 3 do not
-    assert course.world_size(nbformat.read(small_course / "02_fine.ipynb", as_version=4), {}) == 4
-    monkeypatch.setattr(lease, "_torch_device_count", lambda: 3)
-    result = course.run_chapter(small_course / "02_fine.ipynb", tmp_path, html=False, require_gpu=True)
-    assert not result.passed and "world_size=4 would not run in GPU mode" in result.error
+    monkeypatch.setattr(lease, "_torch_device_count", lambda: 1)  # a 1-GPU runner, as far as the course can tell
+    result = course.run_chapter(chapter, tmp_path, ci=True, html=False, require_gpu=True)
+    assert result.passed, result.error  # 2 ranks do not fit one GPU: reported, not failed
+    assert result.on_cpu == "on CPU: parlab.launch of 2 ranks (needs 2 GPUs); parlab.launch of 1 ranks (backend='gloo' asked)"
+    monkeypatch.setattr(lease, "_torch_device_count", lambda: 4)  # the kernel still sees none: that is wrong
+    result = course.run_chapter(chapter, tmp_path, ci=True, html=False, require_gpu=True)
+    assert not result.passed
+    assert result.error == "parlab.launch of 2 rank(s) ran on CPU, though 4 GPU(s) are here (the kernel saw 0 GPU(s))"
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="Windows has no Unix sockets for the kernel: TCP there")

@@ -65,7 +65,7 @@ def test_the_plan_sees_the_pool_not_the_machine(box, monkeypatch):
     assert make_plan(2).backend == "nccl"
     four = make_plan(4)  # 8 GPUs in the machine, but this learner was given 2
     assert four.backend == "gloo" and "2 GPU(s) visible" in four.note
-    with pytest.raises(ValueError, match="world_size=4 but 2 GPU"):
+    with pytest.raises(ValueError, match="world_size=4 on this machine but 2 GPU"):
         make_plan(4, "nccl")
 
 

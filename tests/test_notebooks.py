@@ -14,6 +14,7 @@ still works on its own: ``python -m pytest notebooks/00_welcome.ipynb`` (pyproje
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 import re
 import subprocess
@@ -206,7 +207,19 @@ def _run(path: pathlib.Path, ci: bool, tmp_path_factory) -> tuple[course.Chapter
         out = tmp_path_factory.mktemp(f"{path.stem}-{'ci' if ci else 'defaults'}")
         result = course.run_chapter(path, out, ci=ci, html=False, record_asserts=out / "asserts.jsonl")
         _RUNS[path, ci] = result, course.recorded_asserts(out / "asserts.jsonl")
+        _record_run_time(path.stem, "ci" if ci else "defaults", result)
     return _RUNS[path, ci]
+
+
+def _record_run_time(chapter: str, which: str, result) -> None:
+    """What this run took, into ``artifacts/run_times.json``: ``parlab times --measured`` takes it in."""
+    if not result.passed:
+        return
+    out = ROOT / "artifacts" / "run_times.json"
+    out.parent.mkdir(exist_ok=True)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data.setdefault(chapter, {})[which] = round(result.seconds, 1)
+    out.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 @pytest.mark.slow

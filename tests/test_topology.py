@@ -79,9 +79,32 @@ def test_expert_axes_are_carved_out_of_dp_and_cp():
     assert "ep group [0, 1]" in Topology(dp=4, ep=2).describe()
 
 
+def test_context_parallelism_without_experts():
+    # ep = 1 (a dense model): torchtitan's ep/cp rule does not apply, any cp is allowed
+    for t in (Topology(cp=2), Topology(dp=2, cp=2), Topology(cp=2, tp=2), Topology.infer(4, cp=2),
+              Topology(dp=3, cp=3)):
+        assert t.ep == 1 and t.cp in (2, 3)
+    assert Topology.infer(4, cp=2).dp == 2
+    t = Topology(dp=2, cp=2, tp=2)
+    assert t.group_ranks("cp", 0) == [0, 2] and t.group_ranks("dp_cp", 1) == [1, 3, 5, 7]
+    assert t.groups("dp_cp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
 def _expert_groups():
     t = Topology.build(ep=2)
     return [dist.get_process_group_ranks(t.group(a)) for a in ("ep", "edp")], t.coord("ep")
+
+
+def _cp_groups(dp, cp):
+    t = Topology.build(dp=dp, cp=cp)  # no experts
+    return [dist.get_process_group_ranks(t.group(a)) for a in ("cp", "dp", "dp_cp")], t.coord("dp_cp")
+
+
+@pytest.mark.parametrize("dp, cp", [(1, 4), (2, 2), (4, 1)])
+def test_built_cp_and_dp_cp_groups_agree_with_the_arithmetic(dp, cp):
+    pure = Topology(dp=dp, cp=cp)
+    for r, (groups, coord) in enumerate(parlab.launch(_cp_groups, 4, args=(dp, cp), announce=False)):
+        assert groups == [pure.group_ranks(a, r) for a in ("cp", "dp", "dp_cp")] and coord == r
 
 
 def test_built_expert_groups_agree_with_the_arithmetic():

@@ -149,6 +149,23 @@ def run_chapters(args) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
+def times_command(args) -> int:
+    """``parlab times``: what disagrees with the one source of the chapters' times; with --write, fix it."""
+    import json
+
+    from parlab import times
+
+    if args.measured:
+        with open(args.measured) as f:
+            times.take_measured(json.load(f))
+    stale = times.sync(times.ROOT / "notebooks", times.ROOT / "README.md", write=args.write)
+    for line in stale:
+        print(("fixed: " if args.write else "stale: ") + line)
+    if not stale:
+        print("parlab times: every Overview and the README's course map agree with parlab.times")
+    return 0 if args.write or not stale else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="parlab", description="Parallelism Lab: the course's command line.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,9 +189,16 @@ def main(argv: list[str] | None = None) -> int:
                                                        "notebooks/)")
     run.add_argument("--no-html", action="store_true", help="do not write HTML copies")
     run.add_argument("--cell-timeout", type=float, default=600, help="seconds one cell may run (default 600)")
-    run.add_argument("--require-gpu", action="store_true", help="fail a chapter whose world_size would not run in "
-                                                                "GPU mode (NCCL) here: for GPU runners")
+    run.add_argument("--require-gpu", action="store_true", help="for GPU runners: fail a chapter with a launch that "
+                     "fits this machine's GPUs but ran on CPU; report the launches too large for them (they run on CPU)")
+    times = sub.add_parser("times", help="check (or --write) each chapter's read, exercise and run times in its "
+                                         "Overview and the README's course map, from one source (parlab.times)")
+    times.add_argument("--write", action="store_true", help="rewrite the Overviews and the README's map")
+    times.add_argument("--measured", default=None, help="a run_times.json the test suite wrote "
+                                                        "(artifacts/run_times.json): take its run times in first")
     args = parser.parse_args(argv)
+    if args.command == "times":
+        return times_command(args)
     if args.command == "check":
         return check()
     if args.command == "run":

@@ -93,15 +93,19 @@ class ChapterResult:
     seconds: float
     error: str = ""  # what failed: the cell (In [N] of the executed copy) and its exception's first line
     output: pathlib.Path | None = None  # the executed notebook
+    on_cpu: str = ""  # --require-gpu: the launches that ran on CPU and why (reported, not a failure)
 
 
 def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_timeout: float = 600,
                 progress: bool | dict = False, require_gpu: bool = False, record_asserts=None) -> ChapterResult:
     """Execute one chapter in its own folder; write the executed notebook (and HTML) to ``output_dir``.
 
-    Never raises for a failing chapter: the result says what failed. ``require_gpu``: a chapter whose
-    ``world_size`` would not run in GPU mode here (NCCL, one GPU per rank) fails without running, so a
-    GPU runner cannot pass by quietly falling back to CPU. ``record_asserts``: a file that the run fills
+    Never raises for a failing chapter: the result says what failed. ``require_gpu`` (GPU runners): every
+    launch the chapter makes (``parlab.launch`` and its ``torchrun`` cells, each world size, resumes too)
+    is recorded; one that fits this machine's GPUs (world_size <= GPUs) but ran on CPU fails the chapter,
+    so a GPU runner cannot pass by quietly falling back to CPU; one that does not fit runs on CPU and is
+    reported in ``on_cpu``, with why. With no GPU visible at all the chapter fails without running.
+    ``record_asserts``: a file that the run fills
     with the asserts it reaches (:func:`record_asserts`; a first cell, tagged ``parlab-record-asserts``,
     turns the recording on, so the executed copy shows it).
     """
@@ -115,14 +119,17 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
     notebook = nbformat.read(path, as_version=4)
     parameters = ci_parameters(notebook) if ci else {}
     start = time.monotonic()
+    launch_log = None
     if require_gpu:
-        from parlab.launch import make_plan
+        from parlab.launch.plan import LAUNCH_LOG, visible_gpus
 
-        ranks = world_size(notebook, parameters) or 2
-        plan = make_plan(ranks, "auto")
-        if plan.backend != "nccl":
-            return ChapterResult(path.stem, False, 0.0, f"not run: world_size={ranks} would not run in GPU mode "
-                                 f"here ({plan.describe()})")
+        gpus = visible_gpus()
+        if not gpus:
+            return ChapterResult(path.stem, False, 0.0, "not run: --require-gpu, but no GPU is visible here "
+                                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        launch_log = output_dir / f"{path.stem}.launches.jsonl"
+        launch_log.write_text("")
+        os.environ[LAUNCH_LOG] = str(launch_log.resolve())  # the kernel inherits it
     error = ""
     source = str(path)
     if record_asserts is not None:
@@ -145,10 +152,36 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
         error = f"In [{exc.exec_count}]: {exc.ename}: {_first_line(exc.evalue)}"
     except Exception as exc:  # noqa: BLE001 - a dead kernel, a cell timeout: reported as the chapter's failure
         error = f"{type(exc).__name__}: {_first_line(str(exc))}"
+    finally:
+        if launch_log is not None:
+            os.environ.pop(LAUNCH_LOG, None)
     seconds = time.monotonic() - start
     if html and out.exists():
         _write_html(out)
-    return ChapterResult(path.stem, not error, seconds, error, out if out.exists() else None)
+    on_cpu = ""
+    if launch_log is not None:
+        wrong, on_cpu = gpu_launches(launch_log, gpus)
+        error = error or wrong
+    return ChapterResult(path.stem, not error, seconds, error, out if out.exists() else None, on_cpu)
+
+
+def gpu_launches(log, gpus: int) -> tuple[str, str]:
+    """From a chapter's launch records (``parlab.launch.plan.record_launch``) on a machine with ``gpus``
+    GPUs: (the failure: launches that fit but ran on CPU, or ""; the report: those that ran on CPU, and why)."""
+    records = [json.loads(line) for line in pathlib.Path(log).read_text().splitlines() if line.strip()]
+    wrong, cpu = [], {}
+    for r in records:
+        if r["device_type"] == "cuda":
+            continue
+        if r["world_size"] <= gpus and r["backend"] == "auto":
+            why = r["note"] or f"the kernel saw {r['gpus']} GPU(s)"
+            wrong.append(f"{r['via']} of {r['world_size']} rank(s) ran on CPU, though {gpus} GPU(s) are here ({why})")
+        else:
+            why = f"backend={r['backend']!r} asked" if r["backend"] != "auto" else f"needs {r['world_size']} GPUs"
+            key = f"{r['via']} of {r['world_size']} ranks ({why})"
+            cpu[key] = cpu.get(key, 0) + 1
+    report = "; ".join(f"{k} ×{n}" if n > 1 else k for k, n in cpu.items())
+    return ("; ".join(wrong), f"on CPU: {report}" if report else "")
 
 
 # -- which asserts a run reaches ------------------------------------------------------------------------
@@ -272,7 +305,8 @@ def run_course(paths, output_dir, *, ci: bool = False, html: bool = True, cell_t
             results.append(ChapterResult(path.stem, False, time.monotonic() - started, "interrupted"))
             break
         echo(f"{label} {'passed' if result.passed else 'FAILED'} in {result.seconds:.1f} s"
-             + (f": {result.error}" if result.error else ""), flush=True)
+             + (f": {result.error}" if result.error else "") + (f" ({result.on_cpu})" if result.on_cpu else ""),
+             flush=True)
         results.append(result)
     return results
 
@@ -295,7 +329,7 @@ def write_summary(results: list[ChapterResult], output_dir) -> pathlib.Path:
     pathlib.Path(output_dir).mkdir(parents=True, exist_ok=True)
     path = pathlib.Path(output_dir) / "summary.json"
     path.write_text(json.dumps([{"chapter": r.chapter, "passed": r.passed, "seconds": round(r.seconds, 2),
-                                 "error": r.error} for r in results], indent=1) + "\n")
+                                 "error": r.error, "on_cpu": r.on_cpu} for r in results], indent=1) + "\n")
     return path
 
 

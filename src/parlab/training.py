@@ -92,7 +92,7 @@ def script_main(train_fn, argv: list[str] | None = None) -> None:
     as JSON.
     """
     import parlab
-    from parlab.launch.cluster import current_job
+    from parlab.launch.cluster import current_job, exit_without_teardown
 
     parser = argparse.ArgumentParser(description=(train_fn.__doc__ or "").splitlines()[0])
     parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 4)))
@@ -108,4 +108,6 @@ def script_main(train_fn, argv: list[str] | None = None) -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(losses, f)
+    if current_job():  # a rank of torchrun's or SLURM's job: leave as parlab.launch's own ranks do
+        exit_without_teardown()
     sys.stdout.flush()

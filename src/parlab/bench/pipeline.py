@@ -102,7 +102,7 @@ def record(runs: list[tuple], cfg: dict, steps: int = 3) -> list[dict]:
         for _ in range(steps):
             for module in modules:
                 module.zero_grad(set_to_none=True)
-            timeline, tracker = Timeline(sync=True), ActivationTracker([q for m in modules for q in m.parameters()])
+            timeline, tracker = Timeline(), ActivationTracker([q for m in modules for q in m.parameters()])
             losses = step(timeline, tracker)
             seconds = max(e.end for e in timeline.events) - min(e.start for e in timeline.events)
             seconds = _slowest(seconds)

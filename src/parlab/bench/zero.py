@@ -58,9 +58,12 @@ def prepare(kind: str, cfg: dict, group=None):
     if kind == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
+        from parlab import runtime
+
+        ranks = runtime.mesh(group=group)  # this rank's device type, over the group
         for block in model.transformer.h:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=ranks)
+        fully_shard(model, mesh=ranks)
         opt = torch.optim.AdamW(model.parameters(), **adamw)
         return model, opt, (model, opt)
     if kind == "ddp":

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+from parlab import runtime
 from parlab.job.train_fsdp import CONFIG, build_model, dataset, shard
 from parlab.measure import Timeline, measure_memory, peak_memory
 
@@ -27,10 +28,11 @@ def straggler(slow_rank: int = 1, delay: float = 0.3, steps: int = 3, size: int 
     """On each rank: ``steps`` × (load a batch, compute, all-reduce); ``slow_rank`` takes ``delay`` seconds
     more to load each batch (a slow disk, a busy data worker). Returns the timeline's events and the
     profiler's top operators by self CPU time."""
-    rank = dist.get_rank()
-    a, grad = torch.randn(size, size), torch.zeros(2**16)
-    timeline = Timeline()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    rank, device = dist.get_rank(), runtime.device()
+    a, grad = torch.randn(size, size, device=device), torch.zeros(2**16, device=device)
+    timeline = Timeline()  # in GPU mode it synchronises at each span's end: the work's end, not its queueing
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
         for _ in range(steps):
             with timeline.span("load"):
                 time.sleep(delay if rank == slow_rank else 0.0)
@@ -49,10 +51,10 @@ def step_memory(layout: str, cfg: dict | None = None) -> dict:
     """One step of the job under ``layout`` ("ddp" or "fsdp2"), then: the bytes held between steps and the
     most the second step adds at once. ``cfg``: changes to ``train_fsdp.CONFIG``."""
     cfg = dict(CONFIG, **(cfg or {}), accumulation=1)
-    device = _device()
+    device = runtime.device()
     model = build_model(cfg).to(device)
     if layout == "ddp":
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     elif layout == "fsdp2":
         model = shard(model, cfg)
     else:
@@ -73,10 +75,6 @@ def step_memory(layout: str, cfg: dict | None = None) -> dict:
     between = held.params + held.optimizer + held.buckets  # what stays from one step to the next
     return {"states": held.as_dict(), "between_steps": between, "step_peak": peak, "total": between + peak,
             "micro_batch": micro}
-
-
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def cuda_out_of_memory(cfg: dict, snapshot_path: str, micro_batch: int = 2) -> dict:

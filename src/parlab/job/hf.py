@@ -21,7 +21,9 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+from parlab import runtime
 from parlab.job.train_fsdp import CONFIG, build_model, dataset
+from parlab.launch.cluster import exit_without_teardown
 
 #: The Trainer's FSDP2: ``TrainingArguments(fsdp=True, fsdp_config=TRAINER_FSDP)``.
 TRAINER_FSDP = {
@@ -66,11 +68,20 @@ def deepspeed_config(stage: int, micro_batch: int = 4, accumulation: int = 2) ->
             "gradient_clipping": 1.0, "bf16": {"enabled": True}, "zero_optimization": zero}
 
 
+def _on_gpu() -> bool:
+    """GPU mode by the course's one decision: inside a launch, the group's (a CPU-mode rank on a GPU machine
+    must say use_cpu, or accelerate puts rank r on cuda:r); under ``torchrun -m parlab.job.hf``, before any
+    group, one GPU for every process on this machine."""
+    if dist.is_initialized() or "PARLAB_DEVICE" in os.environ:
+        return runtime.device().type == "cuda"
+    return runtime.choose(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))).gpu
+
+
 def _arguments(cfg, output_dir, fsdp):
     from transformers import TrainingArguments
 
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
-    cpu = not torch.cuda.is_available()
+    cpu = not _on_gpu()
     return TrainingArguments(
         output_dir=output_dir, use_cpu=cpu, ddp_backend="gloo" if cpu else None,
         per_device_train_batch_size=cfg["global_batch"] // (world * cfg["accumulation"]),
@@ -106,7 +117,7 @@ def accelerate_fsdp(cfg: dict | None = None) -> dict:
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
                                             auto_wrap_policy="transformer_based_wrap",
                                             transformer_cls_names_to_wrap=["GPT2Block"])
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), fsdp_plugin=plugin)
+    accelerator = Accelerator(cpu=not _on_gpu(), fsdp_plugin=plugin)
     model = accelerator.prepare(build_model(dict(CONFIG, **(cfg or {}))))
     return {"distributed_type": accelerator.distributed_type.name, "wrapped": type(model).__name__,
             "sharded": any(isinstance(p, DTensor) for p in model.parameters())}
@@ -122,6 +133,9 @@ def main():
     result = trainer_job(json.loads(args.config), fsdp=args.fsdp)
     if dist.get_rank() == 0:
         torch.save(result, args.out)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    exit_without_teardown()  # the Trainer's backward ran DDP's all-reduces on gloo: see its docstring
 
 
 if __name__ == "__main__":

@@ -54,14 +54,44 @@ def dataset(cfg):
     return tokens  # (steps * global_batch, seq_len)
 
 
+def choose_device():
+    """This process's device and backend, by the course's rule (``parlab.runtime.choose``) written out so this
+    file needs no parlab: GPU mode (NCCL, ``cuda:LOCAL_RANK``) only when every process on this machine gets a
+    GPU of its own (NCCL refuses two ranks on one GPU); else CPU mode (gloo), and then no GPU is touched at
+    all, so ``torchrun --nproc-per-node 4`` on a 2-GPU machine runs on the CPU rather than failing."""
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if torch.cuda.device_count() >= local_world:  # counted through NVML: no CUDA context yet
+        return torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl"  # gloo still moves any CPU tensor
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read when CUDA starts: from here on this process sees no GPU
+    return torch.device("cpu"), "gloo"
+
+
+def rank_device():
+    """In an initialised group: ``cuda:LOCAL_RANK`` when the group moves CUDA tensors (its backend names one
+    for CUDA, e.g. ``cpu:gloo,cuda:nccl``: never compare it with ``== "nccl"``), else the CPU."""
+    backend = str(dist.get_backend()).lower()
+    if backend == "nccl" or any(part.strip().startswith("cuda:") for part in backend.split(",")):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return torch.device("cpu")
+
+
+def mesh():
+    """The 1-D DeviceMesh over every rank, on this rank's device type: ``fully_shard`` without ``mesh=``
+    builds a CUDA one whenever the machine has a GPU, even over a CPU-only group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(rank_device().type, (dist.get_world_size(),))
+
+
 def shard(model, cfg):
     """FSDP2: each transformer block is one unit (gathered for its forward and backward, then freed), then the
     root takes what is left (embeddings, final norm). Parameters become DTensors sharded on dim 0."""
     dtype = cfg["param_dtype"] and getattr(torch, cfg["param_dtype"])
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    ranks = mesh()
     for block in model.transformer.h:
-        fully_shard(block, mp_policy=mp, reshard_after_forward=True)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(block, mesh=ranks, mp_policy=mp, reshard_after_forward=True)
+    fully_shard(model, mesh=ranks, mp_policy=mp)
     return model
 
 
@@ -83,7 +113,7 @@ def load(model, opt, path):
 def train(cfg, steps=None, save_to=None, load_from=None):
     """Train on this rank's share of each global batch; return the loss of every step (mean over the batch)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = rank_device()
     model = shard(build_model(cfg).to(device), cfg)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
     first = load(model, opt, load_from) if load_from else 0
@@ -125,15 +155,16 @@ def main():
     parser.add_argument("--out", default=None, help="rank 0 writes the losses here (JSON)")
     args = parser.parse_args()
     cfg = dict(CONFIG, **json.loads(args.config))
-    gpu = torch.cuda.is_available()
-    if gpu:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # before the group: NCCL binds to it
-    dist.init_process_group("nccl" if gpu else "gloo")
+    device, backend = choose_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the group: NCCL binds to it
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     result = train(cfg, args.steps, args.save, args.load)
     if dist.get_rank() == 0 and args.out:
         with open(args.out, "w") as f:
             json.dump({"losses": result["losses"], "norms": result["norms"], "world_size": dist.get_world_size()}, f)
     dist.destroy_process_group()
+    os._exit(0)  # skip the interpreter's teardown, which can abort a gloo rank (PyTorch issue 117762)
 
 
 if __name__ == "__main__":

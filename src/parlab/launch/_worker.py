@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from parlab.launch import _pickling
 from parlab.launch.errors import classify_exception
-from parlab.launch.plan import GPU_MODE_BACKEND
+from parlab.runtime import GPU_MODE_BACKEND
 
 _LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
 # Frames in these files are the launcher's plumbing, not the learner's code.
@@ -56,6 +56,7 @@ class _Channel:
         self.done = threading.Event()
         self.finished = False  # the function returned or raised; its report is on the way
         self.main_thread = threading.main_thread().ident
+        self.nccl = False  # GPU mode: a rank waiting on a peer blocks in synchronize() or .item() too
 
     def send(self, msg) -> None:
         with self.lock:
@@ -71,11 +72,18 @@ class _Channel:
                 self.done.set()
             elif msg == b"stack" and not self.finished:  # once finished, the report itself answers
                 frame = sys._current_frames().get(self.main_thread)
-                self.send(("stack", _describe_stack(list(traceback.extract_stack(frame)) if frame else [])))
+                frames = list(traceback.extract_stack(frame)) if frame else []
+                self.send(("stack", _describe_stack(frames, nccl=self.nccl)))
 
 
-def _describe_stack(frames: list) -> tuple[str, bool]:
-    """The user's frames, and whether the innermost call is a torch.distributed one."""
+# Where an NCCL rank waits for a peer: NCCL queues the collective and returns, so the host blocks later,
+# when it needs the result: in a synchronize, or in a copy to the host (.item(), .tolist(), .cpu()).
+_HOST_WAITS = ("synchronize", ".item()", ".tolist()", ".cpu()", ".numpy()")
+
+
+def _describe_stack(frames: list, nccl: bool = False) -> tuple[str, bool]:
+    """The user's frames, and whether the innermost call is a torch.distributed one (under NCCL, also a
+    wait for the GPU: a collective whose peers never came blocks there)."""
     frames = _user_frames(frames)
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
     cut = len(frames)
@@ -83,6 +91,9 @@ def _describe_stack(frames: list) -> tuple[str, bool]:
         cut -= 1
     inner = [f.name for f in frames[cut:] if f.name not in ("wrapper", "wait")]
     in_collective = any(f"torch{os.sep}distributed" in f.filename for f in frames[cut:])
+    if nccl and not in_collective:
+        line = (frames[cut - 1].line or "") if cut else ""
+        in_collective = any(f.name == "synchronize" for f in frames[cut:]) or any(w in line for w in _HOST_WAITS)
     text = "".join(traceback.format_list(frames[:cut])) or "(no Python frame)\n"
     if inner:
         text += f"  (inside torch: {inner[0]})\n"
@@ -107,9 +118,15 @@ def _init_process_group(spec: dict) -> None:
     store = dist.FileStore(spec["store_path"], spec["world_size"])
     store.set_timeout(timeout)
     if spec["device_type"] == "cuda":
-        torch.cuda.set_device(spec["local_rank"])
-    backend = GPU_MODE_BACKEND if spec["backend"] == "nccl" else spec["backend"]
-    dist.init_process_group(backend, store=store, rank=spec["rank"], world_size=spec["world_size"], timeout=timeout)
+        # device_id: NCCL creates its communicator now, on every rank, instead of at the first CUDA
+        # collective; a collective that only some ranks reach then hangs as NCCL hangs, not as gloo does.
+        gpu = torch.device("cuda", spec["local_rank"])
+        torch.cuda.set_device(gpu)
+        dist.init_process_group(GPU_MODE_BACKEND, store=store, rank=spec["rank"], world_size=spec["world_size"],
+                                timeout=timeout, device_id=gpu)
+    else:
+        dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"],
+                                timeout=timeout)
 
 
 def _adopt_kernel_state(spec: dict) -> None:
@@ -179,6 +196,7 @@ def run(ctrl: Connection) -> int:
     threading.Thread(target=channel.watch, name="parlab-watch", daemon=True).start()
     started = time.monotonic()
     try:
+        channel.nccl = spec["backend"] == "nccl"
         _adopt_kernel_state(spec)
         _init_process_group(spec)
         channel.send(("ready", None))  # joining is collective: once one rank is ready, all have started

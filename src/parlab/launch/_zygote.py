@@ -48,15 +48,33 @@ BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab", 
                 "parlab.launch.cell")
 
 
+CUDA_REFUSED = "initialised CUDA"
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
 def _preload(name: str) -> str:
-    """Import ``name``; refuse modules that start threads, since forking a threaded process is unsafe."""
+    """Import ``name``; refuse modules that start threads, since forking a threaded process is unsafe, and
+    modules that initialise CUDA: a forked child cannot use its parent's CUDA context, so every GPU rank
+    after it would fail ("Cannot re-initialize CUDA in forked subprocess")."""
     try:
         importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - reported back to the kernel as text
         return f"error: {type(exc).__name__}: {exc}"
+    if _cuda_initialised():
+        return (f"error: importing {name} {CUDA_REFUSED} in the rank server; a forked rank cannot use a CUDA "
+                f"context it inherits, so it is not preloaded: import it inside the function the ranks run")
     if threading.active_count() > 1:
         return f"error: importing {name} started a thread; it is imported in each rank instead"
     return "ok"
+
+
+def _unsafe() -> bool:
+    """No longer safe to fork: the kernel starts a fresh zygote without the module that did this."""
+    return threading.active_count() > 1 or _cuda_initialised()
 
 
 def _reap(status_fds: dict[int, int]) -> None:
@@ -100,8 +118,8 @@ def serve(sock: socket.socket) -> None:
                 return
             if msg[:1] == PRELOAD:
                 answer = _preload(msg[1:].decode())
-                sock.sendall(answer.encode().ljust(256)[:256])
-                if threading.active_count() > 1:
+                sock.sendall(answer.encode().ljust(512)[:512])
+                if _unsafe():
                     return  # no longer safe to fork: the kernel starts a fresh zygote without that module
                 continue
             ctrl_fd, out_fd, err_fd, status_fd = fds
@@ -178,6 +196,7 @@ class _Zygote:
         there.close()
         self.sock = here
         self.preloaded: set[str] = set()
+        self.refused = ""  # why the last preload was refused for initialising CUDA
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -190,7 +209,10 @@ class _Zygote:
     def _recv(self, n: int) -> bytes:
         data = b""
         while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
+            try:
+                chunk = self.sock.recv(n - len(data))
+            except OSError:  # it exited while we spoke
+                chunk = b""
             if not chunk:
                 raise self._fail("stopped unexpectedly")
             data += chunk
@@ -200,11 +222,16 @@ class _Zygote:
         if name in self.preloaded:
             return
         self.preloaded.add(name)
-        self.sock.sendall(PRELOAD + name.encode())
-        answer = self._recv(256).decode().strip()
-        if "started a thread" in answer:  # the zygote exits: remember never to ask for this one again
+        try:
+            self.sock.sendall(PRELOAD + name.encode())
+        except OSError:
+            raise self._fail("stopped unexpectedly") from None
+        answer = self._recv(512).decode().strip()
+        if "started a thread" in answer or CUDA_REFUSED in answer:  # the zygote exits: never ask again
             _threaded_modules.add(name)
             self.close()
+        if CUDA_REFUSED in answer:
+            self.refused = answer[len("error: "):]
 
     def spawn(self) -> ForkedRank:
         """Fork one rank."""
@@ -239,7 +266,9 @@ _the_zygote: _Zygote | None = None
 _threaded_modules: set[str] = set()  # preloading them would leave the zygote with threads
 
 
-def _zygote_with(preloads) -> _Zygote:
+def _zygote_with(preloads, strict: bool = False) -> _Zygote:
+    """The zygote, with ``preloads`` imported. A module that initialised CUDA there is an error when asked for
+    by name (``strict``, :func:`preload`); among the launcher's automatic preloads it is skipped, with a line."""
     global _the_zygote
     if _the_zygote is None or not _the_zygote.alive():
         if _the_zygote is None:
@@ -248,8 +277,12 @@ def _zygote_with(preloads) -> _Zygote:
     for name in preloads:
         if name not in _threaded_modules:
             _the_zygote.preload(name)
-        if not _the_zygote.alive():  # it refused a module that starts threads, and exited
-            _the_zygote = _Zygote()
+        if not _the_zygote.alive():  # it refused a module that starts threads or initialised CUDA, and exited
+            refused, _the_zygote = _the_zygote.refused, _Zygote()
+            if refused and strict:
+                raise LaunchError(refused)
+            if refused:
+                print(f"parlab: {refused}", file=sys.stderr, flush=True)
     return _the_zygote
 
 
@@ -261,7 +294,7 @@ def preload(*modules: str) -> None:
     themselves.
     """
     with _zygote_lock:
-        _zygote_with(modules)
+        _zygote_with(modules, strict=True)
 
 
 def shutdown() -> None:
@@ -276,7 +309,10 @@ def shutdown() -> None:
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[1]))
     for name in BASE_PRELOAD + tuple(filter(None, os.environ.get("PARLAB_PRELOAD", "").split(","))):
-        _preload(name)
+        answer = _preload(name)
+        if CUDA_REFUSED in answer:  # every rank forked from here would be broken: refuse to serve at all
+            print(answer, file=sys.stderr, flush=True)
+            sys.exit(1)
     serve(sock)
 
 

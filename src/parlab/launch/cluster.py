@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 
 
@@ -47,33 +48,52 @@ def run_in_job(job: Job, fn, args, kwargs, world_size, backend, timeout, announc
     import torch
     import torch.distributed as dist
 
-    from parlab.launch.plan import GPU_MODE_BACKEND
+    from parlab.runtime import NO_GPUS, choose
 
     if world_size != job.world_size:
         raise ValueError(
             f"launch(world_size={world_size}) was called in a job of {job.world_size} ranks started by "
             f"{job.source}; pass world_size={job.world_size} (e.g. int(os.environ['WORLD_SIZE'])) or start "
             f"the job with {world_size} ranks.")
-    gpu = torch.cuda.is_available() and torch.cuda.device_count() > job.local_rank
-    if backend == "nccl" and not gpu:
-        raise ValueError(f"backend='nccl' needs a GPU for local rank {job.local_rank}; "
-                         f"{torch.cuda.device_count()} visible. Use backend='gloo' or 'auto'.")
-    name = "nccl" if backend == "nccl" or (backend == "auto" and gpu) else "gloo"
-    device = f"cuda:{job.local_rank}" if name == "nccl" else "cpu"
+    # GPU mode only when every process on this node has a GPU of its own: never some ranks on CUDA and
+    # others on CPU in one group.
+    mode = choose(max(job.local_world_size, job.local_rank + 1), job.local_rank, backend=backend)
+    name, device = mode.name, str(mode.device)
+    if not mode.gpu and not torch.cuda.is_initialized():  # CPU mode sees no GPU (read when CUDA starts)
+        os.environ["CUDA_VISIBLE_DEVICES"] = NO_GPUS
     # parlab.rank()/device() read these; SLURM does not set the torchrun names.
     os.environ.update(RANK=str(job.rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank),
                       PARLAB_DEVICE=device)
     owned = not dist.is_initialized()
     if owned:
-        if name == "nccl":
-            torch.cuda.set_device(job.local_rank)
-        dist.init_process_group(GPU_MODE_BACKEND if name == "nccl" else name, init_method="env://", rank=job.rank,
-                                world_size=job.world_size, timeout=datetime.timedelta(seconds=timeout))
+        if mode.gpu:
+            torch.cuda.set_device(mode.device)
+        dist.init_process_group(mode.backend, init_method="env://", rank=job.rank, world_size=job.world_size,
+                                timeout=datetime.timedelta(seconds=timeout), device_id=mode.device if mode.gpu else None)
     if announce and job.rank == 0:
         print(f"parlab: {job.world_size} ranks · {name} · {'CPU' if name == 'gloo' else 'GPU'} · "
-              f"started by {job.source} ({job.local_world_size} per node)", flush=True)
+              f"started by {job.source} ({job.local_world_size} per node)" + (f" ({mode.note})" if mode.note else ""),
+              flush=True)
     try:
         return fn(*args, **(kwargs or {}))
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+def exit_without_teardown(code: int = 0) -> None:
+    """End a rank that torchrun or SLURM started, after ``destroy_process_group``, skipping the interpreter's
+    teardown (what ``parlab.launch``'s own ranks always do).
+
+    Why: every ``backward()`` stashes a Python object (its ``contextvars`` context) in the thread's state,
+    and a collective issued during backward (DDP's bucket all-reduces, FSDP2's reduce-scatters) copies that
+    state into its work item. gloo's worker thread frees the item a moment after the collective completes;
+    freeing it takes the GIL. If the main thread has meanwhile begun to shut the interpreter down, the
+    worker's wait for the GIL ends its thread (``take_gil`` calls ``pthread_exit`` on Python 3.11-3.13), the
+    unwind meets a ``noexcept`` destructor, and the rank aborts with "terminate called without an active
+    exception" (PyTorch issue 117762). ``destroy_process_group`` does not join those threads while a DDP or
+    FSDP model still holds the group. ``os._exit`` skips the teardown; output is flushed first.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

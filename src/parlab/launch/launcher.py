@@ -35,7 +35,8 @@ from parlab.launch.errors import (
     RankTimeoutError,
     describe_exit,
 )
-from parlab.launch.plan import BACKENDS, Plan, make_plan
+from parlab.launch.plan import BACKENDS, Plan, make_plan, record_launch
+from parlab.runtime import NO_GPUS
 
 OUTPUTS = ("all", "rank0", "none")
 START_METHODS = ("zygote", "spawn")
@@ -133,7 +134,9 @@ class _Launch:
             WORLD_SIZE=str(self.plan.world_size), LOCAL_WORLD_SIZE=str(self.plan.world_size),
             PARLAB_IN_RANK="1", OMP_NUM_THREADS=str(self.plan.threads), PYTHONUNBUFFERED="1",
         )
-        base_env.update(self.gpus.env)
+        # GPU mode: the leased GPUs (all visible ones without a lease). CPU mode: none at all, set before the
+        # rank starts, so that nothing it runs (a profiler, Timeline, the Trainer) touches a GPU it was not given.
+        base_env.update(self.gpus.env if self.plan.device_type == "cuda" else {"CUDA_VISIBLE_DEVICES": NO_GPUS})
         if self.plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in base_env:
             loopback = _loopback_interface()
             if loopback:  # all ranks are on this machine: keep their traffic on loopback
@@ -439,6 +442,7 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
         return run_in_job(job, fn, tuple(args), kwargs, world_size, backend, timeout, announce)
     plan = make_plan(world_size, backend, timeout, threads)
+    record_launch(plan.world_size, backend, plan.device_type, plan.note, plan.gpus, "parlab.launch")
     try:
         payload = _pickling.dumps((fn, tuple(args), kwargs or {}))
     except Exception as exc:  # noqa: BLE001

@@ -5,7 +5,10 @@ machine of one's own. With it, every GPU launch *leases* ``world_size`` GPUs fro
 its ranks run, and no two launches on the machine hold the same GPU at once:
 
 - ``PARLAB_GPUS=2,3``: the pool is GPUs 2 and 3 (numbered as ``nvidia-smi`` numbers them), e.g. the
-  pair an instructor gave this learner;
+  pair an instructor gave this learner. Where a spawner (JupyterHub, SLURM, a container runtime) has set
+  ``CUDA_VISIBLE_DEVICES`` already, the numbers count *within the GPUs it lists*, as CUDA numbers them in
+  this process: under ``CUDA_VISIBLE_DEVICES=4,5,6,7``, ``PARLAB_GPUS=2,3`` is the machine's GPUs 6 and 7,
+  and a number past the list is an error, so a lease never escapes the spawner's restriction;
 - ``PARLAB_GPUS=auto``: the pool is every GPU this process sees; a launch takes any free ones.
 
 A lease is an exclusive ``flock`` on one file per GPU in ``PARLAB_GPU_LOCKS`` (default
@@ -62,20 +65,29 @@ def pool(env=None, device_count=None) -> list[str] | None:
     device_count = device_count or _torch_device_count
     if value == "auto":
         visible = env.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None and visible.strip():
+        if visible is not None:  # "" (a CPU-mode process) is a pool of none
             return [t.strip() for t in visible.split(",") if t.strip()]
         return [str(i) for i in range(device_count())]
     tokens = [t.strip() for t in value.split(",")]
     if not all(re.fullmatch(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+", t) for t in tokens) or len(set(tokens)) != len(tokens):
         raise ValueError(f"PARLAB_GPUS must be 'auto' or a comma-separated list of distinct GPU numbers as "
                          f"nvidia-smi shows them (e.g. '2,3'); got {value!r}")
-    if "CUDA_VISIBLE_DEVICES" not in env:  # the numbers are then the machine's own: check they exist
-        count = device_count()
-        missing = [t for t in tokens if t.isdigit() and int(t) >= count]
+    if "CUDA_VISIBLE_DEVICES" in env:  # a spawner's list: the numbers index it (what CUDA calls 0, 1, ...)
+        visible = [t.strip() for t in env["CUDA_VISIBLE_DEVICES"].split(",") if t.strip()]
+        missing = [t for t in tokens if not t.isdigit() or int(t) >= len(visible)]
         if missing:
-            raise ValueError(f"PARLAB_GPUS={value!r} names GPU {', '.join(missing)}, but this machine has "
-                             f"{count} GPU(s), numbered 0..{count - 1}" if count else
-                             f"PARLAB_GPUS={value!r} names GPUs, but this machine has none")
+            raise ValueError(f"PARLAB_GPUS={value!r} names GPU {', '.join(missing)}, but CUDA_VISIBLE_DEVICES="
+                             f"{env['CUDA_VISIBLE_DEVICES']!r} lets this process see {len(visible)} GPU(s), numbered "
+                             f"0..{len(visible) - 1} in the order it lists them" if visible else
+                             f"PARLAB_GPUS={value!r} names GPUs, but CUDA_VISIBLE_DEVICES is empty: this process "
+                             f"may see no GPU")
+        return [visible[int(t)] for t in tokens]
+    count = device_count()  # the numbers are then the machine's own: check they exist
+    missing = [t for t in tokens if t.isdigit() and int(t) >= count]
+    if missing:
+        raise ValueError(f"PARLAB_GPUS={value!r} names GPU {', '.join(missing)}, but this machine has "
+                         f"{count} GPU(s), numbered 0..{count - 1}" if count else
+                         f"PARLAB_GPUS={value!r} names GPUs, but this machine has none")
     return tokens
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-BACKENDS = ("auto", "gloo", "nccl")
-# The backend argument of init_process_group in GPU mode: one backend per device type. NCCL moves CUDA
-# tensors, gloo any CPU tensor a cell still has (made without device=parlab.device()), which NCCL alone
-# would refuse.
-GPU_MODE_BACKEND = "cpu:gloo,cuda:nccl"
+from parlab.runtime import BACKENDS, GPU_MODE_BACKEND, choose  # the one decision (runtime.py)
+
+__all__ = ["BACKENDS", "GPU_MODE_BACKEND", "LAUNCH_LOG", "Plan", "make_plan", "record_launch", "visible_gpus"]
+
+# `parlab run --require-gpu` names a file here: every launch appends what it ran on (course.gpu_launches).
+LAUNCH_LOG = "PARLAB_LAUNCH_LOG"
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class Plan:
     threads: int  # CPU threads per rank
     timeout: float
     note: str = ""
+    gpus: int = 0  # GPUs visible to the launch (the lease pool's when leasing); 0 when backend="gloo" asked
 
     def describe(self) -> str:
         where = "CPU" if self.device_type == "cpu" else f"{self.world_size} GPU{'s' * (self.world_size > 1)}"
@@ -68,29 +70,30 @@ def make_plan(world_size, backend="auto", timeout=30.0, threads=None) -> Plan:
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive int (CPU threads per rank) or None; got {threads!r}")
+    # All ranks of a launch are on this machine: its world is its local world. The mode is runtime's.
     gpus = visible_gpus() if backend in ("auto", "nccl") else 0
-    note = ""
-    if backend == "nccl" and gpus < world_size:
+    mode = choose(world_size, 0, gpus, backend)
+    name, device_type, note = mode.name, mode.device.type, mode.note
+    if not mode.gpu and world_size > max_cpu_ranks():
         raise ValueError(
-            f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) are visible "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). NCCL refuses two "
-            f"ranks on one GPU. Use world_size <= {gpus}, or backend='gloo' to run the ranks on CPU, or "
-            f"backend='auto' to choose for you." if gpus else
-            "backend='nccl' needs CUDA GPUs and none is visible; use backend='gloo' or 'auto' (CPU)."
+            f"world_size={world_size} would start {world_size} processes on a machine with "
+            f"{cpu_count()} CPU core(s); parlab allows at most {max_cpu_ranks()} CPU ranks here, since "
+            f"each rank holds its own copy of the model and they would only fight for the cores. Use "
+            f"a smaller world_size, or set the environment variable PARLAB_MAX_RANKS to raise the limit."
         )
-    if backend == "nccl" or (backend == "auto" and gpus >= world_size):
-        name, device_type = "nccl", "cuda"
-    else:
-        name, device_type = "gloo", "cpu"
-        if backend == "auto" and 0 < gpus < world_size:
-            note = f"{gpus} GPU(s) visible, NCCL needs one per rank: running on CPU instead"
-        if world_size > max_cpu_ranks():
-            raise ValueError(
-                f"world_size={world_size} would start {world_size} processes on a machine with "
-                f"{cpu_count()} CPU core(s); parlab allows at most {max_cpu_ranks()} CPU ranks here, since "
-                f"each rank holds its own copy of the model and they would only fight for the cores. Use "
-                f"a smaller world_size, or set the environment variable PARLAB_MAX_RANKS to raise the limit."
-            )
     if threads is None:
         threads = max(1, cpu_count() // world_size)
-    return Plan(world_size, name, device_type, threads, float(timeout), note)
+    return Plan(world_size, name, device_type, threads, float(timeout), note, gpus)
+
+
+def record_launch(world_size: int, backend: str, device_type: str, note: str, gpus: int, via: str) -> None:
+    """Append one launch to the file ``PARLAB_LAUNCH_LOG`` names, if any (one JSON object a line)."""
+    path = os.environ.get(LAUNCH_LOG)
+    if not path:
+        return
+    import json
+
+    line = json.dumps({"world_size": world_size, "backend": backend, "device_type": device_type, "note": note,
+                       "gpus": gpus, "via": via})
+    with open(path, "a") as f:
+        f.write(line + "\n")

@@ -80,10 +80,10 @@ def sweep(op: str = "all_reduce", sizes=(2**10, 2**14, 2**18, 2**20), iters: int
     if iters < 1:
         raise ValueError(f"iters={iters!r} must be at least 1")
     n = dist.get_world_size(group)
-    if device is None:  # this rank's own GPU under NCCL (parlab.device() knows which), else the CPU
-        from parlab.runtime import device as rank_device
+    if device is None:  # this rank's own GPU when the group moves CUDA tensors (the one decision), else the CPU
+        from parlab import runtime
 
-        device = rank_device() if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        device = runtime.device(group if group is not None else dist.group.WORLD)
     points = []
     for size in sizes:
         call, nbytes = _runner(op, int(size), n, device, group)

@@ -378,8 +378,10 @@ def measure_memory(model: nn.Module, optimizer=None) -> MemoryMeasurement:
     if isinstance(model, nn.parallel.DistributedDataParallel) and not model.gradient_as_bucket_view:
         buckets = sum(nbytes for _, nbytes in ddp_buckets(model))
     peak = None
-    if torch.cuda.is_available() and any(p.is_cuda for p in model.parameters()):
-        peak = torch.cuda.max_memory_allocated()
+    cuda = next((p.device for p in model.parameters() if p.is_cuda), None)
+    if cuda is not None:  # the peak since the last measurement on this device: each one starts afresh
+        peak = torch.cuda.max_memory_allocated(cuda)
+        torch.cuda.reset_peak_memory_stats(cuda)
     return MemoryMeasurement(params, grads, opt, peak, buckets)
 
 

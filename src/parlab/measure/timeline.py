@@ -42,14 +42,20 @@ class Event:
 
 
 class Timeline:
-    """One rank's events; ``events`` is the list. ``sync``: synchronise CUDA at span ends."""
+    """One rank's events; ``events`` is the list. ``sync``: wait for this rank's GPU at each span's end, so
+    that the end is the work's and not the moment it was queued; default (None): in GPU mode. On a CPU
+    rank it never touches CUDA (a CPU-mode rank on a GPU machine would create a context on a GPU it was
+    not given)."""
 
-    def __init__(self, sync: bool = False):
+    def __init__(self, sync: bool | None = None):
+        from parlab import runtime
+
         if dist.is_initialized():
             dist.barrier()
         self.zero = time.perf_counter()
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.sync = sync and torch.cuda.is_available()
+        self.device = runtime.device()
+        self.sync = (sync is None or sync) and self.device.type == "cuda"
         self.events: list[Event] = []
 
     def add(self, name: str, kind: str, start: float, end: float) -> None:
@@ -65,7 +71,7 @@ class Timeline:
             yield
         finally:
             if self.sync:
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(self.device)
             self.add(name, kind, start, time.perf_counter())
 
 

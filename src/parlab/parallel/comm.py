@@ -115,6 +115,8 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
         nbytes *= size
 
     def report(_=None):
+        if tensor.is_cuda:  # NCCL returns once the op is queued (and its future on the stream): its end is later
+            torch.cuda.synchronize(tensor.device)
         on_collective(CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label))
 
     if work is None:

@@ -98,6 +98,26 @@ class Layout:
         return out
 
 
+    def computed_pairs(self, tiles: bool = False) -> list[list[int]]:
+        """[rank][step]: the (query, key) pairs a causal kernel *computes*, masked ones included.
+        ``tiles=False``: :func:`ring_attention`'s kernel, which computes a whole block unless the mask hides
+        all of it. ``tiles=True``: a kernel that works chunk by chunk and skips the chunk pairs the mask
+        hides: against an earlier rank's block (head j, tail 2·cp−1−j) only its head chunk of K/V is
+        visible, against a later rank's only one's own tail queries, so it computes half a block; in
+        balanced mode the whole-block kernel does about twice the needed work (:meth:`score_pairs`)."""
+        parts = torch.tensor_split(torch.arange(self.seq_len), self.chunks)
+        owned = [[parts[r], parts[2 * self.cp - 1 - r]] if self.balanced else [parts[r]] for r in range(self.cp)]
+        out = []
+        for r in range(self.cp):
+            row = []
+            for i in range(self.cp):
+                qs, ks = (owned[r], owned[(r - i) % self.cp]) if tiles else ([self.positions(r)],
+                                                                            [self.positions((r - i) % self.cp)])
+                row.append(sum(len(q) * len(k) for q in qs for k in ks if bool(_mask(q, k, True).any())))
+            out.append(row)
+        return out
+
+
 def imbalance(pairs) -> float:
     """The busiest rank's work over the mean (``pairs``: :meth:`Layout.score_pairs`): how much longer the
     layer takes than it would if the work were shared evenly, since the next collective waits for the last
@@ -293,22 +313,28 @@ class CPStep:
 
 
 def cp_step(seq_len: int, cp: int, *, heads: int, kv_heads: int, head_dim: int, batch: int = 1,
-            value_bytes: int = 2, flops: float, alpha: float, bandwidth: float, causal: bool = True) -> CPStep:
+            value_bytes: int = 2, flops: float, alpha: float, bandwidth: float, causal: bool = True,
+            backward: bool = False) -> CPStep:
     """The α-β model of one ring step: a block of n = seq_len/cp queries against n keys costs
     4·b·h·n²·d FLOPs (two matmuls; half of it under a balanced causal mask) at ``flops`` FLOP/s, and its
     K/V block, 2·b·g·n·d values, takes α + bytes/B. Compute grows with n², traffic with n: past some
-    chunk length the transfer hides behind the computation."""
+    chunk length the transfer hides behind the computation. ``backward=True``: the backward step, five
+    matmuls instead of two (FlashAttention-2's count: 2.5× the FLOPs) and two blocks on the move, K/V
+    and dK/dV (twice the bytes), if the dK/dV transfer overlaps too (in :class:`_RingAttention` it does
+    not: it is sent after the step's computation and waited for before the next)."""
     n = seq_len / cp
-    work = 4 * batch * heads * n * n * head_dim * (0.5 if causal else 1.0)
-    return CPStep(int(n), work / flops, alpha + 2 * batch * kv_heads * n * head_dim * value_bytes / bandwidth)
+    work = 4 * batch * heads * n * n * head_dim * (0.5 if causal else 1.0) * (2.5 if backward else 1.0)
+    traffic = 2 * batch * kv_heads * n * head_dim * value_bytes * (2 if backward else 1)
+    return CPStep(int(n), work / flops, alpha + traffic / bandwidth)
 
 
 def overlap_chunk(*, heads: int, kv_heads: int, head_dim: int, value_bytes: int = 2, flops: float,
-                  bandwidth: float, causal: bool = True) -> float:
+                  bandwidth: float, causal: bool = True, backward: bool = False) -> float:
     """The chunk length n (tokens per rank) from which one step's compute covers its transfer (α ignored):
-    4·h·n²·d·c / F = 2·g·n·d·e / B  ⇒  n = g·e·F / (2·h·c·B), c = ½ when causal."""
+    4·h·n²·d·c / F = 2·g·n·d·e / B  ⇒  n = g·e·F / (2·h·c·B), c = ½ when causal. ``backward=True``
+    (:func:`cp_step`'s backward: 2.5× the FLOPs, 2× the bytes): n* × 2 / 2.5."""
     c = 0.5 if causal else 1.0
-    return kv_heads * value_bytes * flops / (2 * heads * c * bandwidth)
+    return kv_heads * value_bytes * flops / (2 * heads * c * bandwidth) * (2 / 2.5 if backward else 1.0)
 
 
 def compare_with_pytorch(seq_len: int = 64, batch: int = 2, heads: int = 4, head_dim: int = 16, seed: int = 0) -> dict:

@@ -11,7 +11,8 @@ per group of tokens, ``ceil(capacity_factor · tokens · top_k / num_experts)`` 
 that arrive when it is full are **dropped** (their output from that expert is zero; the residual connection
 around the layer carries them on). A **load-balancing loss** (Switch, eq. 4: ``E · Σ_e f_e · P_e``, the
 share of assignments times the mean probability of each expert; 1 when balanced) pushes the router to
-spread tokens evenly.
+spread tokens evenly. The gates: top-1, the raw probability (Switch); top-k, the k probabilities
+renormalised to sum to 1 (GShard, Mixtral).
 
 One function does it all, :func:`moe_forward`: route, **dispatch** (each token copied into its expert's
 slots: a tensor of shape (experts, capacity, hidden)), run the experts, **combine** (each token's outputs
@@ -19,8 +20,11 @@ weighted and summed). :class:`MoE` runs it in one process. :class:`ExpertParalle
 function on each of ``ep`` ranks, each with its own tokens (a group, in GShard's sense) and its own
 experts: between dispatch and the experts one all-to-all sends every expert's slots to the rank that holds
 it, and after the experts a second one sends the results back. Nothing else changes, so the dense layer
-with ``groups=ep`` is its exact single-process reference. Both all-to-alls go through
-``parlab.parallel.comm.communicate``; each moves the whole (experts, capacity, hidden) buffer.
+with ``groups=ep`` is its exact single-process reference; :mod:`parlab.parallel.expert_reference`, a loop
+over tokens that shares none of these functions, checks both. Both all-to-alls go through
+``parlab.parallel.comm.communicate``; in this capacity-based layer each moves the whole (experts, capacity,
+hidden) buffer, whatever the routing. Dropless layers send only what was routed
+(:mod:`parlab.parallel.expert_practice`).
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ def capacity(tokens: int, num_experts: int, top_k: int, capacity_factor: float) 
 class Routing:
     """Where each of a group's T tokens goes: ``expert`` and ``weight`` (T, k) its choices and their gate
     values; ``slot`` (T, k) its place in that expert's buffer, −1 when the expert was full (dropped);
-    ``probs`` (T, E) the router's probabilities; ``capacity`` slots per expert."""
+    ``probs`` (T, E) the router's probabilities; ``capacity`` slots per expert. A token makes k
+    *assignments*, one per choice; an expert's capacity counts assignments."""
 
     expert: torch.Tensor
     weight: torch.Tensor
@@ -64,12 +69,19 @@ class Routing:
 
     @property
     def dropped(self) -> int:
+        """Assignments dropped (a token whose second choice was full counts once), not tokens."""
         return int((~self.kept).sum())
+
+    @property
+    def tokens_dropped(self) -> int:
+        """Tokens that lost every choice: the layer adds nothing to them (only the residual carries them)."""
+        return int((~self.kept).all(-1).sum())
 
 
 def route(logits: torch.Tensor, top_k: int, capacity_: int) -> Routing:
     """Top-k routing with a capacity (GShard §2.2): first choices take their slots before second choices,
-    and within a choice earlier tokens first. logits: (T, E)."""
+    and within a choice earlier tokens first. logits: (T, E). Gates: top-1, the raw probability (Switch);
+    top-k, the chosen probabilities renormalised to sum to 1 (GShard, Mixtral)."""
     probs = logits.softmax(-1)  # (T, E)
     weight, expert = probs.topk(top_k, dim=-1)  # (T, k)
     if top_k > 1:  # GShard, Mixtral: the chosen experts' gates renormalised to sum to 1
@@ -83,7 +95,9 @@ def route(logits: torch.Tensor, top_k: int, capacity_: int) -> Routing:
 
 def load_balancing_loss(routing: Routing) -> torch.Tensor:
     """Switch Transformer's auxiliary loss, E · Σ_e f_e · P_e: f_e the share of the group's assignments that
-    chose expert e (not differentiable), P_e the mean router probability of e. 1.0 when both are uniform."""
+    chose expert e (not differentiable), P_e the mean router probability of e. 1.0 when both are uniform.
+    Hugging Face's Mixtral (``load_balancing_loss_func``) divides the counts by tokens, not assignments:
+    its loss is k times this one (k when balanced), so a coefficient ported from it is k times too large here."""
     num_experts = routing.probs.shape[-1]
     f = routing.tokens_per_expert(num_experts).to(routing.probs.dtype) / routing.expert.numel()
     return num_experts * (f * routing.probs.mean(0)).sum()
@@ -127,20 +141,24 @@ class MoE(nn.Module):
         self.w_in = nn.Parameter(torch.randn(num_experts, hidden, ffn, generator=g, dtype=dtype) / hidden ** 0.5)
         self.w_out = nn.Parameter(torch.randn(num_experts, ffn, hidden, generator=g, dtype=dtype) / ffn ** 0.5)
 
-    def forward(self, x, groups: int = 1):
+    def forward(self, x, groups: int | list[int] = 1):
+        parts = x.tensor_split(groups) if isinstance(groups, int) else x.split(list(groups))
+        largest = max(len(part) for part in parts)  # every group's capacity from the largest, as EP ranks agree
         outs, aux, routings = [], 0.0, []
-        for part in x.chunk(groups):
+        for part in parts:
             y, loss, routing = moe_forward(part, self.router, self.num_experts, self.top_k, self.capacity_factor,
-                                           lambda buf: run_experts(buf, self.w_in, self.w_out))
+                                           lambda buf: run_experts(buf, self.w_in, self.w_out), tokens=largest)
             outs.append(y)
-            aux = aux + loss / groups
+            aux = aux + loss / len(parts)
             routings.append(routing)
         return torch.cat(outs), aux, routings
 
 
-def moe_forward(x, router, num_experts, top_k, capacity_factor, experts):
-    """Route, dispatch, ``experts(buffer (E, C, h))``, combine: one group's MoE layer. Returns (y, aux, routing)."""
-    routing = route(x @ router, top_k, capacity(x.shape[0], num_experts, top_k, capacity_factor))
+def moe_forward(x, router, num_experts, top_k, capacity_factor, experts, tokens: int | None = None):
+    """Route, dispatch, ``experts(buffer (E, C, h))``, combine: one group's MoE layer; capacity for
+    ``tokens`` (default: this group's). Returns (y, aux, routing)."""
+    tokens = x.shape[0] if tokens is None else tokens
+    routing = route(x @ router, top_k, capacity(tokens, num_experts, top_k, capacity_factor))
     y = combine(experts(dispatch(x, routing, num_experts)), routing)
     return y, load_balancing_loss(routing), routing
 
@@ -198,7 +216,14 @@ class ExpertParallelMoE(nn.Module):
         self.w_out = nn.Parameter(moe.w_out.detach()[mine.start:mine.stop].clone())
 
     def forward(self, x):
-        return moe_forward(x, self.router, self.num_experts, self.top_k, self.capacity_factor, self._experts)
+        # Ranks may hold different numbers of tokens (an uneven Layout of a sequence, the last batch): each
+        # would compute another capacity, and the all-to-all's splits would not match. They agree on the
+        # largest count first, so that every buffer is (E, C, h) with the same C.
+        count = torch.tensor([x.shape[0]], device=x.device)
+        communicate("all_reduce", count, self.group, on_collective=self.on_collective, label="tokens (max)",
+                    reduce_op=dist.ReduceOp.MAX)
+        return moe_forward(x, self.router, self.num_experts, self.top_k, self.capacity_factor, self._experts,
+                           tokens=int(count))
 
     def _experts(self, buffer):
         e, c, h = buffer.shape  # (E, C, h): every expert's slots of this rank's tokens
@@ -229,16 +254,20 @@ def busiest_over_mean(tokens_per_rank) -> float:
 
 def sync_gradients(layer: ExpertParallelMoE, topology, dense_group=None) -> None:
     """Data parallelism around expert parallelism (``Topology(ep=...)``, chapter 09), each rank's loss the
-    mean over its own tokens: the router's gradient is averaged over every data-parallel rank
-    (``dense_group``, default ``topology.group("dp")``), the experts' summed over ``edp`` (the ranks holding
-    the same experts) and divided by the *same* count, dp × cp, not by edp: each rank's expert gradient
-    already sums the ep ranks whose tokens it served (torchtitan's ``fsdp_gradient_divide_factor``)."""
-    dense_group = dense_group if dense_group is not None else topology.group("dp")
+    mean over its own tokens: the router's gradient is summed over every rank that holds the same dense
+    weights, dp × cp of them (``dense_group``, default ``topology.group("dp_cp")``, torchtitan's
+    ``dp_shard_cp``: each cp rank saw other tokens of the sequence, so summing over dp alone misses them),
+    the experts' summed over ``edp`` (the ranks holding the same experts); both are divided by the *same*
+    count, dp × cp, not by edp: each rank's expert gradient already sums the ep ranks whose tokens it served
+    (torchtitan's ``fsdp_gradient_divide_factor``)."""
     ranks = topology.dp * topology.cp
-    communicate("all_reduce", layer.router.grad, dense_group, on_collective=layer.on_collective, label="router grad")
+    if ranks > 1:
+        dense_group = dense_group if dense_group is not None else topology.group("dp_cp")
+        communicate("all_reduce", layer.router.grad, dense_group, on_collective=layer.on_collective,
+                    label="router grad")
     layer.router.grad /= ranks
     for p in (layer.w_in, layer.w_out):
-        if topology.dp * topology.cp // topology.ep > 1:
+        if ranks // topology.ep > 1:
             communicate("all_reduce", p.grad, topology.group("edp"), on_collective=layer.on_collective,
                         label="expert grad")
         p.grad /= ranks

@@ -81,8 +81,10 @@ class Pipeline:
         self.on_collective = on_collective
         params = [p for m in self.stages for p in m.parameters()]
         self.device = params[0].device if params else runtime.device()
-        # NCCL: a group's first batched send/recv must involve all its ranks; every rank takes part here.
-        dist.barrier(group=self.group)
+        # NCCL: a group's first batched send/recv must involve all its ranks, so every rank takes part in a
+        # barrier here, on its device: without device_ids it would run on the group's gloo half in GPU mode
+        # and create no NCCL communicator.
+        dist.barrier(group=self.group, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def parameters(self):
         for m in self.stages:

@@ -10,10 +10,13 @@
 
 Expert parallelism (chapter 09) adds no ranks: as in torchtitan's ``ParallelDims`` (experts "borrow all cp
 and some dp_shard degree"), the ``ep`` ranks that share their experts are carved out of the ``dp × cp``
-ranks of one pipeline stage and tensor-parallel position (``ep`` must divide ``dp·cp`` and be a multiple of
-``cp``). Two derived axes follow: ``ep``, consecutive blocks of ``ep`` ranks along dp × cp (each holds
+ranks of one pipeline stage and tensor-parallel position (when ``ep > 1``, ``ep`` must divide ``dp·cp`` and be
+a multiple of ``cp``; ``ep = 1``, a dense model, allows any ``cp``). Two derived axes follow: ``ep``,
+consecutive blocks of ``ep`` ranks along dp × cp (each holds
 1/ep of the experts), and ``edp``, the ranks that hold the *same* experts (their gradients are averaged
-there, as the dense weights' are over dp × cp). They are groups, not dims of the DeviceMesh.
+there, as the dense weights' are over dp × cp). They are groups, not dims of the DeviceMesh. A third,
+``dp_cp``, is dp and cp flattened into one (torchtitan's ``dp_shard_cp``): every rank that holds the same dense
+weights, the group over which their gradients are summed when cp > 1 (each cp rank saw other tokens).
 
 A rank's *coordinate* on an axis is its index along it; the ranks that differ only in that coordinate
 form the axis's *group*, the ranks that talk for that kind of parallelism. With ``pp=2, dp=2, tp=2`` rank 5
@@ -35,6 +38,7 @@ from parlab.checks import positive_int
 
 AXES = ("pp", "dp", "cp", "tp")  # outermost to innermost: the DeviceMesh's dims
 EXPERT_AXES = ("ep", "edp")  # derived from dp × cp (chapter 09): groups, no ranks of their own
+FLAT_AXES = ("dp_cp",)  # dp and cp as one: the replicas of the dense weights (torchtitan's dp_shard_cp)
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,9 @@ class Topology:
         for axis in AXES:
             positive_int(axis, getattr(self, axis), f"ranks along the {axis} axis")
         positive_int("ep", self.ep, "ranks that share the experts among them")
-        if (self.dp * self.cp) % self.ep or self.ep % self.cp:
+        # The rule binds only when there are experts to place (torchtitan checks it only for ep > 1): a
+        # dense model with ep = 1 may use any cp.
+        if self.ep > 1 and ((self.dp * self.cp) % self.ep or self.ep % self.cp):
             raise ValueError(f"ep={self.ep} must divide dp × cp = {self.dp} × {self.cp} and be a multiple of "
                              f"cp={self.cp}: expert parallelism borrows the ranks of dp × cp (torchtitan's rule)")
 
@@ -116,6 +122,8 @@ class Topology:
         ``edp``: its block of ep ranks along dp × cp, and the ranks at its place in the other blocks)."""
         self._check_axis(axis)
         c = self.coords(rank)
+        if axis == "dp_cp":
+            return [self.rank_at(**dict(c, dp=f // self.cp, cp=f % self.cp)) for f in range(self.dp * self.cp)]
         if axis in EXPERT_AXES:
             flat = c["dp"] * self.cp + c["cp"]  # rank's index along dp × cp
             if axis == "ep":
@@ -164,6 +172,8 @@ class Topology:
         # Every axis is in the mesh, size 1 included, so that code can always ask for an axis's group.
         mesh = init_device_mesh(device_type or runtime.device().type, tuple(topo.sizes.values()),
                                 mesh_dim_names=AXES)
+        if topo.dp > 1 and topo.cp > 1:  # otherwise dp_cp is the dp or the cp axis itself
+            mesh["dp", "cp"]._flatten("dp_cp")
         experts = None
         if ep > 1:  # every rank creates every group, in the same order (torch.distributed's rule)
             experts = {axis: dist.new_subgroups_by_enumeration(topo.groups(axis))[0] for axis in EXPERT_AXES}
@@ -182,7 +192,7 @@ class Topology:
     def coord(self, axis: str) -> int:
         """This rank's coordinate on ``axis`` (its rank within that axis's group)."""
         self._check_axis(axis)
-        if axis in EXPERT_AXES:
+        if axis in EXPERT_AXES + FLAT_AXES:
             import torch.distributed as dist
 
             return dist.get_rank(self.group(axis))
@@ -197,6 +207,8 @@ class Topology:
                 raise ValueError(f"ep=1: there is no {axis!r} group (every rank holds every expert); build "
                                  f"the topology with ep > 1")
             return self.expert_groups[axis]
+        if axis in FLAT_AXES:
+            return self.submesh(axis).get_group()
         return self._mesh().get_group(axis)
 
     def submesh(self, axis: str):
@@ -204,6 +216,8 @@ class Topology:
         if axis in EXPERT_AXES:
             raise ValueError(f"{axis!r} is a group carved out of dp × cp, not a dim of the DeviceMesh: use group()")
         self._check_axis(axis)
+        if axis == "dp_cp" and not (self.dp > 1 and self.cp > 1):
+            axis = "cp" if self.cp > 1 else "dp"
         return self._mesh()[axis]
 
     @property
@@ -225,8 +239,8 @@ class Topology:
         return self.mesh
 
     def _check_axis(self, axis) -> None:
-        if axis not in AXES + EXPERT_AXES:
-            raise ValueError(f"axis={axis!r} is not an axis; the axes are {', '.join(AXES + EXPERT_AXES)}")
+        if axis not in AXES + EXPERT_AXES + FLAT_AXES:
+            raise ValueError(f"axis={axis!r} is not an axis; the axes are {', '.join(AXES + EXPERT_AXES + FLAT_AXES)}")
 
     def _check_rank(self, rank) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:

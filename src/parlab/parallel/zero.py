@@ -504,6 +504,8 @@ class ZeroStage3(ZeroStage2):
 
     def _span(self, name: str, kind: str, start: float) -> None:
         if self.timeline is not None:
+            if self.device.type == "cuda":  # queued GPU work (and NCCL, whose wait() only orders streams) ends here
+                torch.cuda.synchronize(self.device)
             self.timeline.add(name, kind, start, time.perf_counter())
 
     def _trace(self, what: str, g: FlatParams) -> None:

@@ -1,5 +1,7 @@
-"""Chapter 08's job: the Trainer under parlab.launch as under torchrun, the silent DDP fallback of FSDP on CPU,
-the resharded resume from a sharded checkpoint, and the exercise's check in both directions."""
+"""Chapter 08's job: the Trainer under parlab.launch as under torchrun and as one process, the accelerate loop
+as one process, the silent DDP fallback of FSDP on CPU, the resharded resume from a sharded checkpoint, and
+the exercise's check in both directions (a loop without fully_shard, one that does not resume from its
+checkpoint)."""
 
 from __future__ import annotations
 
@@ -36,11 +38,19 @@ def test_trainer_under_launch_is_the_trainer_under_torchrun(tmp_path):
     torchrun("parlab.job.hf", 2, "--config", '{"steps": 2}', "--out", str(tmp_path / "r.pt"), module=True)
     run = torch.load(tmp_path / "r.pt", weights_only=False)
     assert len(launched["losses"]) == 2
+    # in order (train_sampling_strategy="sequential"), its logged losses are one process's
+    assert_close(torch.tensor(launched["losses"]), torch.tensor(one_process(cfg)["losses"]), rtol=1e-5, atol=1e-6)
     assert_close(torch.tensor(launched["losses"]), torch.tensor(run["losses"]))
     for name, p in run["params"].items():
         assert_close(launched["params"][name], p, msg=name)
     assert launched["distributed_type"] == run["distributed_type"] == "MULTI_CPU"
     assert launched["wrapped"] == run["wrapped"] == "DistributedDataParallel"
+
+
+def test_the_accelerate_loop_is_one_process():
+    cfg = {"steps": 2}
+    losses = parlab.launch(hf.accelerate_loop, 3, kwargs={"cfg": cfg}, timeout=120, output="none")[0]
+    assert_close(torch.tensor(losses), torch.tensor(one_process(cfg)["losses"]), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(not CPU, reason="the fallback happens on CPU ranks only")
@@ -136,6 +146,61 @@ def test_exercise_fails_losses_not_averaged_over_ranks():
     with pytest.raises(ExerciseFailed, match=re.escape("on 2 ranks, steps 0–1: loss 0 is")) as failed:
         check_sharded_training(local_losses, world_size=2, resume_world_size=3)
     print(failed.value)
+
+
+def _replicated(first_step, steps, save_to=None, load_from=None):
+    """A planted wrong answer: no fully_shard; every rank trains the whole model on the whole batch (so its
+    losses are the single-process loop's) and saves and loads through DCP."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from parlab.exercises.ch08 import LOOP
+    from parlab.models import tiny_llama, token_batch
+
+    model = tiny_llama(heads=4, kv_heads=4, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=LOOP["lr"], momentum=LOOP["momentum"])
+    if load_from:
+        model_state, opt_state = get_state_dict(model, opt)
+        state = {"model": model_state, "optim": opt_state}
+        dcp.load(state, checkpoint_id=load_from)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    losses = []
+    for step in range(first_step, first_step + steps):
+        x = token_batch(LOOP["global_batch"], LOOP["seq_len"], seed=step)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    if save_to:
+        dcp.save(dict(zip(("model", "optim"), get_state_dict(model, opt))), checkpoint_id=save_to)
+    return losses
+
+
+def test_exercise_fails_a_loop_that_never_calls_fully_shard():
+    with pytest.raises(ExerciseFailed, match="no forward ran through a module fully_shard had made") as failed:
+        check_sharded_training(_replicated, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
+def test_exercise_fails_a_loop_that_does_not_resume_from_its_checkpoint():
+    solution = _solution()
+
+    def replays(first_step, steps, save_to=None, load_from=None):
+        # the planted bug: load_from is ignored; the first steps are replayed instead (and a real sharded
+        # checkpoint is saved), which gives the right losses unless the checkpoint is not the replay's
+        return solution(0, first_step + steps, save_to=save_to)[first_step:]
+
+    with pytest.raises(ExerciseFailed, match=r"resumed on 3 ranks from your checkpoint, which the check altered") as failed:
+        check_sharded_training(replays, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
+def test_exercise_refuses_sizes_it_cannot_run_before_running():
+    with pytest.raises(ValueError, match="must differ from world_size"):
+        check_sharded_training(_replicated, world_size=2, resume_world_size=2)
+    with pytest.raises(ValueError, match="resume_world_size must be an int ≥ 2 dividing the batch of 12; got 5"):
+        check_sharded_training(_replicated, world_size=2, resume_world_size=5)
 
 
 def test_exercise_refuses_the_package_script():

@@ -312,3 +312,39 @@ def test_eight_headless_chapters_at_once(tmp_path):
         out = (tmp_path / f"learner{i}.log").read_text()
         assert run.returncode == 0, f"learner {i}:\n{out[-3000:]}"
         assert "| 00_welcome | passed " in out and (tmp_path / f"learner{i}" / "00_welcome.ipynb").exists()
+
+
+def _checkout_status() -> set[str]:
+    """``git status --porcelain`` of the checkout, one line per changed or new (not ignored) file."""
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    return set(out.splitlines())
+
+
+def _library_warnings(nb) -> list[str]:
+    """Every stderr output of an executed notebook that carries a ``…Warning`` (a library's warnings.warn)."""
+    return [f"cell {i}: {out.text.strip()[:300]}" for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for out in cell.get("outputs", []) if out.get("name") == "stderr" and "Warning" in out.get("text", "")]
+
+
+@pytest.mark.slow
+def test_a_chapter_run_from_the_top_folder_leaves_nothing_behind(tmp_path):
+    """Chapter 00 with its CI parameters, its kernel working in the repository's top folder (as papermill or
+    nbconvert started there run it, not in notebooks/): it leaves no new file in the checkout (a
+    ``%%writefile`` into the working folder would) and prints no library warning."""
+    before = _checkout_status()
+    result = course.run_chapter(NOTEBOOKS[0], tmp_path, ci=True, html=False, cwd=ROOT)
+    assert result.passed, f"{NOTEBOOKS[0].name} from {ROOT}: {result.error} (executed copy: {result.output})"
+    left = sorted(_checkout_status() - before)
+    assert not left, f"{NOTEBOOKS[0].name}, run from the top folder, left in the checkout:\n  " + "\n  ".join(left)
+    warnings = _library_warnings(nbformat.read(result.output, as_version=4))
+    assert not warnings, f"{NOTEBOOKS[0].name} printed library warnings:\n  " + "\n  ".join(warnings)
+
+
+def test_library_warnings_are_found_in_stderr():
+    """The check above can fail: a FutureWarning in a stderr output is found, a stdout line naming one is not."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="a Warning, printed\n"),
+                           nbformat.v4.new_output("stream", name="stderr",
+                                                  text="ch04.py:32: FutureWarning: reduce_scatter_tensor\n")]
+    assert _library_warnings(nb) == ["cell 0: ch04.py:32: FutureWarning: reduce_scatter_tensor"]

@@ -54,3 +54,4 @@ def test_llama3_128k_layout():
     assert r["memory_without_cp"].activations == pytest.approx(16 * r["memory"].activations, rel=1e-6)
     assert r["bytes"]["block"] == 2 * 1 * 1 * 8192 * 128 * 2  # K and V of 8,192 tokens, 1 KV head per tp rank
     assert r["step"].chunk == 8192 and r["step"].overlapped and r["overlap_chunk"] < 8192
+    assert r["link"].bandwidth == 50e9  # Llama 3's 400 Gb/s per GPU, not an A100-era HDR adapter

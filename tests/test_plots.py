@@ -90,6 +90,16 @@ def test_gantt_name_colors_and_legend():
     assert len(colours) == 3  # no "compute" blue: the phases are not computation
 
 
+def test_gantt_numbered_steps_take_their_phase_colour_and_show_their_number():
+    events = [Event(0, "reduce-scatter 1", "compute", 0.0, 1.0), Event(0, "reduce-scatter 2", "compute", 1.0, 2.0),
+              Event(0, "all-gather 1", "compute", 2.0, 3.0), Event(0, "send", "comm", 0.0, 0.5)]
+    ax = plots.gantt(events, name_colors={"reduce-scatter": "#8172B3", "all-gather": "#55A868"}).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["reduce-scatter", "all-gather", "comm"]
+    assert sorted(t.get_text() for t in ax.texts) == ["1", "1", "2", "send"]  # each step its number
+    colours = [tuple(round(c, 3) for c in p.get_facecolor()[:3]) for p in ax.patches]
+    assert colours[0] == colours[1] != colours[2]  # both reduce-scatter steps in the phase's colour
+
+
 def test_gantt_fit_labels_drops_names_wider_than_their_bar():
     events = [Event(0, "gather losses", "comm", 0.0, 0.02), Event(0, "forward", "compute", 0.0, 1.0)]
     assert {t.get_text() for t in plots.gantt(events, label_min=0.0).axes[0].texts} == {"gather losses", "forward"}

@@ -77,6 +77,9 @@ def test_every_script_torchrun_starts_leaves_without_the_teardown():
     ddp = next(c.source for c in nb.cells if c.source.startswith("%%writefile") and "ddp_train.py" in c.source)
     assert _calls_os_exit_after_destroy(ddp.split("\n", 1)[1]), "chapter 03's DDP script"
     assert _calls_os_exit_after_destroy(inspect.getsource(train_fsdp.main)), "chapter 08's train_fsdp.py"
+    nb = nbformat.read(ROOT / "notebooks" / "08_your_own_job.ipynb", as_version=4)
+    parts = [c.source.split("\n", 1)[1] for c in nb.cells if c.source.startswith("%%writefile") and "train.py" in c.source]
+    assert len(parts) > 1 and _calls_os_exit_after_destroy("\n".join(parts)), "chapter 08's train.py, written in parts"
     for fn in (hf.main, training.script_main):  # the package's own entry points call the one helper
         assert "exit_without_teardown()" in inspect.getsource(fn), fn.__qualname__
     assert not _calls_os_exit_after_destroy("dist.destroy_process_group()\n")  # the check can fail

@@ -97,8 +97,10 @@ class ChapterResult:
 
 
 def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_timeout: float = 600,
-                progress: bool | dict = False, require_gpu: bool = False, record_asserts=None) -> ChapterResult:
-    """Execute one chapter in its own folder; write the executed notebook (and HTML) to ``output_dir``.
+                progress: bool | dict = False, require_gpu: bool = False, record_asserts=None,
+                cwd=None) -> ChapterResult:
+    """Execute one chapter in its own folder, or with ``cwd`` as the kernel's working folder (as papermill or
+    nbconvert run from the top folder do); write the executed notebook (and HTML) to ``output_dir``.
 
     Never raises for a failing chapter: the result says what failed. ``require_gpu`` (GPU runners): every
     launch the chapter makes (``parlab.launch`` and its ``torchrun`` cells, each world size, resumes too)
@@ -144,7 +146,8 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
     try:
         with _kernel_sockets() as channels:
             papermill.execute_notebook(
-                source, str(out), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
+                source, str(out), parameters=parameters, kernel_name="python3",
+                cwd=str(pathlib.Path(cwd).resolve() if cwd is not None else path.parent),
                 progress_bar=progress, execution_timeout=cell_timeout, **channels,
             )
     except PapermillExecutionError as exc:

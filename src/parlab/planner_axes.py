@@ -21,10 +21,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parlab.measure.memory import MemoryEstimate, estimate_memory
-from parlab.planner import GPU
+from parlab.planner import GPU, Link
 
 #: The GPU Llama 3 trained on (§3.3.1: H100s with 80 GB HBM3); peak dense bf16 from NVIDIA's datasheet.
 H100 = GPU("H100 SXM 80 GB", 80e9, 989e12, 3.35e12, "NVIDIA H100 datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s")
+#: Llama 3's fabric between nodes: 400 Gb/s per GPU (Dubey et al. 2024, §3.3.1: RoCE and InfiniBand
+#: clusters "with 400 Gbps interconnects between GPUs"), 50 GB/s one way; α assumed as for InfiniBand.
+LLAMA3_FABRIC = Link("RoCE 400 Gb/s per GPU (Llama 3)", 5e-6, 400e9 / 8,
+                     "Dubey et al. 2024, The Llama 3 Herd of Models, §3.3.1: 400 Gbps interconnects between GPUs")
 #: Llama 3's 4-D layout for its 131,072-token stage (Table 4), 16 sequences per DP rank per step.
 LLAMA3_128K = {"tp": 8, "cp": 16, "pp": 16, "dp": 8, "seq_len": 131072, "batch_per_dp": 16}
 
@@ -101,7 +105,7 @@ def llama3_128k(sequence_parallel: bool = True, zero_stage: int = 1, checkpointi
     """Llama 3 405B at 128k tokens on its published layout, priced: memory per GPU (with CP, and what the
     same layout would need without it), and ring attention's bytes and one ring step by the α-β model."""
     from parlab.parallel.context import cp_step, overlap_chunk
-    from parlab.planner import LINKS, UTILIZATION
+    from parlab.planner import UTILIZATION
 
     config, lay = llama3_405b(), LLAMA3_128K
     world = lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"]
@@ -112,7 +116,7 @@ def llama3_128k(sequence_parallel: bool = True, zero_stage: int = 1, checkpointi
     without = by_layers(estimate_memory_axes, config, cp=1, **kw)
     heads, kv = config.num_attention_heads // lay["tp"], config.num_key_value_heads // lay["tp"]
     head_dim = config.hidden_size // config.num_attention_heads
-    link = LINKS["infiniband"]  # a cp group of 16 spans nodes of 8 GPUs (tp fills each node)
+    link = LLAMA3_FABRIC  # a cp group of 16 spans nodes of 8 GPUs (tp fills each node): one GPU's adapter
     flops = H100.flops * UTILIZATION
     step = cp_step(lay["seq_len"], lay["cp"], heads=heads, kv_heads=kv, head_dim=head_dim, flops=flops,
                    alpha=link.alpha, bandwidth=link.bandwidth)

@@ -132,10 +132,15 @@ def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", la
 
     ``name_colors``: ``{event name: colour}`` for events that are not of their kind's nature (chapter 02's
     ring phases are spans of the upper lane, but neither is computation): those names get their own colour
-    and legend entry. ``fit_labels``: drop a name that would stick out of its bar (white on white, it
+    and legend entry; an event named ``"NAME k"`` takes NAME's colour and shows ``k`` on its bar (the ring's
+    steps, numbered within each phase). ``fit_labels``: drop a name that would stick out of its bar (white on white, it
     reads cut: "ther losses" for "gather losses")."""
     name_colors = name_colors or {}
     events = list(events)
+
+    def named(e):  # the name_colors key an event belongs to, if any: its name, or its name less " k"
+        key = e.name.rsplit(" ", 1)[0] if e.name not in name_colors else e.name
+        return key if key in name_colors else None
     ranks = sorted({e.rank for e in events})
     if ax is None:
         fig, ax = plt.subplots(figsize=(9, 0.75 * len(ranks) + 1.4))
@@ -151,21 +156,22 @@ def gantt(events, title: str = "", unit: float = 1e-3, unit_name: str = "ms", la
         height /= count
         y = ranks.index(e.rank) + offset - 0.5 * height * (count - 1) + index * height
         bar = ax.barh(y, e.seconds / unit, left=(e.start - t0) / unit, height=height,
-                      color=name_colors.get(e.name, KIND_COLORS.get(e.kind, "grey")), edgecolor="white",
-                      linewidth=0.5)
+                      color=name_colors[named(e)] if named(e) else KIND_COLORS.get(e.kind, "grey"),
+                      edgecolor="white", linewidth=0.5)
         if e.seconds / span > label_min and e.kind != "idle" and (count == 1 or label_sublanes):
-            text = ax.text((e.start - t0 + e.seconds / 2) / unit, y, e.name, ha="center", va="center",
+            shown_name = e.name[len(named(e)):].strip() or e.name if named(e) else e.name
+            text = ax.text((e.start - t0 + e.seconds / 2) / unit, y, shown_name, ha="center", va="center",
                            color="white", fontsize=8 if count == 1 else 6)
             labels.append((text, bar.patches[0]))
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     if not ax.yaxis_inverted():
         ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit_name})")
-    named = [n for n in name_colors if any(e.name == n for e in events)]
-    shown = [k for k in KIND_COLORS if any(e.kind == k and e.name not in name_colors for e in events)]
-    handles = [Rectangle((0, 0), 1, 1, color=c) for c in [name_colors[n] for n in named] +
+    keys = [n for n in name_colors if any(named(e) == n for e in events)]
+    shown = [k for k in KIND_COLORS if any(e.kind == k and not named(e) for e in events)]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in [name_colors[n] for n in keys] +
                [KIND_COLORS[k] for k in shown]]  # no legend entry for nothing
-    ax.legend(handles, named + shown, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.legend(handles, keys + shown, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_title(title)
     fig.tight_layout()
     if fit_labels and labels:

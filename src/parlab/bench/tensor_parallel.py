@@ -23,6 +23,7 @@ import torch
 
 import parlab
 from parlab.measure import bytes_written, record_comm, time_alternating
+from parlab.parallel.comm import _all_gather, _reduce_scatter  # PyTorch 2.13's names where it has them
 
 KINDS = ("scratch", "dtensor")
 LABELS = {"scratch": "course (from scratch)", "dtensor": "DTensor parallelize_module"}
@@ -247,8 +248,8 @@ def bytes_per_op(kinds):
     for op, nbytes in kinds:
         x = torch.ones(nbytes // 4)  # fp32
         run = {"all_reduce": lambda: torch.distributed.all_reduce(x),
-               "all_gather": lambda: torch.distributed.all_gather_into_tensor(torch.empty_like(x), x[:x.numel() // n]),
-               "reduce_scatter": lambda: torch.distributed.reduce_scatter_tensor(torch.empty(x.numel() // n), x)}[op]
+               "all_gather": lambda: _all_gather(torch.empty_like(x), x[:x.numel() // n]),
+               "reduce_scatter": lambda: _reduce_scatter(torch.empty(x.numel() // n), x)}[op]
         run()
         before = bytes_written()
         run()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 
 import torch
 import torch.distributed as dist
@@ -197,8 +198,8 @@ def train(make, cfg: dict) -> dict:
     Returns the full weights (``state``), the global batch's ``losses``, the first step's reduced ``grads``,
     the last step's collectives (``records``: the ``CommLog``'s, and those ``record_comm`` saw of the wrapper's
     ``watched_ops``), the bytes the OS saw this rank send in it (``sent``), what it holds after it
-    (``memory``), its timeline (``events``), and the course's stages' flat ``groups`` and (stage 3)
-    gathered-weights ``trace``."""
+    (``memory``), its timeline (``events``), each step's seconds on this rank (``step_s``), and the course's
+    stages' flat ``groups`` and (stage 3) gathered-weights ``trace``."""
     from parlab.measure import CommLog, Timeline, measure_memory, record_comm
     from parlab.models import shard, tiny_gpt2, token_batch
     from parlab.parallel import ZeroStage3
@@ -211,7 +212,7 @@ def train(make, cfg: dict) -> dict:
     watched = getattr(zero, "watched_ops", ())
     watch = record_comm if watched else contextlib.nullcontext
     blocks_spans = isinstance(zero, ZeroStage3)  # stage 3 draws each block's forward and backward itself
-    losses, seen = [], None
+    losses, seen, step_s = [], None, []
     for step in range(cfg["steps"]):
         log.records.clear()
         timeline = log.timeline = Timeline()  # a barrier, then t = 0 on every rank
@@ -220,7 +221,7 @@ def train(make, cfg: dict) -> dict:
         span = (lambda name: contextlib.nullcontext()) if blocks_spans else timeline.span
         batch = token_batch(cfg["batch_per_rank"] * n, cfg["seq_len"], cfg["sizes"]["vocab_size"], seed=step)
         x = shard(batch, rank, n).to(dev)  # (batch_per_rank, seq_len)
-        before = bytes_written()
+        before, start = bytes_written(), time.perf_counter()
         with watch() as seen:
             with span("forward"):
                 loss = zero(input_ids=x, labels=x).loss
@@ -229,6 +230,7 @@ def train(make, cfg: dict) -> dict:
             grads.after_backward()
             with timeline.span("step"):
                 zero.step()
+        step_s.append(time.perf_counter() - start)  # this rank's step, from the timeline's barrier
         sent = None if before is None else bytes_written() - before
         held = measure_memory(zero, zero.optimizer).as_dict()  # after the step, before zero_grad
         zero.zero_grad()
@@ -237,7 +239,7 @@ def train(make, cfg: dict) -> dict:
         losses.append(total.item() / n)
     records = log.records + [r for r in (seen.records if seen is not None else []) if r.op in watched]
     out = {"state": zero.full_state_dict(), "grads": grads.whole(), "losses": torch.tensor(losses),
-           "records": records, "sent": sent, "memory": held, "events": timeline.events}
+           "records": records, "sent": sent, "memory": held, "events": timeline.events, "step_s": step_s}
     if hasattr(zero, "groups"):
         out["groups"] = [(g.name, g.numel, g.padded_numel) for g in zero.groups]
     if blocks_spans:  # (seconds since the timeline's zero, gather | free, group, bytes of gathered weights)
@@ -473,16 +475,21 @@ def plot_gpu_model(links: dict, gpus: int, tokens: int, colors) -> dict:
         fits = gpu_fitting(name, gpus)
         alpha = next(iter(links.values())).alpha
         curves = [gpu_step_times(name, planner.Link("", alpha, b), gpus, tokens) for b in bandwidths]
-        for stage, kind in enumerate(planner.STRATEGIES):  # zero1 dashed: Megatron's stages 1 and 2 price alike
+        for stage, kind in enumerate(planner.STRATEGIES):
+            # Megatron's stages 1 and 2 price alike: zero2 wide and pale, zero1 dashed with rings on top of it
+            one = kind == "zero1"
             ax.semilogx([b / 1e9 for b in bandwidths], [t[kind] / min(t[k] for k in fits) for t in curves],
-                        ("--" if kind == "zero1" else "-") if kind in fits else ":", color=colors[stage],
-                        lw=2.5 if kind == "zero2" else 1.5, label=kind + ("" if kind in fits else " (does not fit 80 GB)"))
+                        ("--" if one else "-") if kind in fits else ":", color=colors[stage],
+                        lw=5 if kind == "zero2" else 1.5, alpha=0.45 if kind == "zero2" else 1.0,
+                        marker="o" if one else None, markevery=3, mfc="none", ms=5,
+                        label=kind + (" (= zero2 here)" if one else "")
+                        + ("" if kind in fits else " (does not fit 80 GB)"))
         for link in links.values():
             ax.axvline(link.bandwidth / 1e9, color="grey", lw=0.6)
             ax.text(link.bandwidth / 1e9, 1.68, link.name, rotation=90, fontsize=7, va="top", ha="right")
             t = {k: v for k, v in gpu_step_times(name, link, gpus, tokens).items() if k in fits}
             winners[name, link.name] = (min(t, key=t.get), t)
-        ax.set_ylim(0.98, 1.7)
+        ax.set_ylim(0.95, 1.7)
         ax.set_xlabel("link bandwidth (GB/s)")
         ax.set_ylabel("MODEL: step time ÷ the fastest's")
         ax.set_title(f"MODEL · {name}, bf16, {gpus} GPUs, {tokens:,} tokens per GPU\n"

@@ -3,6 +3,7 @@
 - :func:`trainer_job` trains :mod:`parlab.job.train_fsdp`'s model and data with ``transformers.Trainer`` on
   this rank. Inside ``parlab.launch`` the process group already exists and the Trainer joins it; under
   ``torchrun -m parlab.job.hf`` the Trainer (through accelerate) creates it, as in any script.
+- :func:`accelerate_loop` is the same job as an ``Accelerator(...)``/``prepare`` loop.
 - :func:`accelerate_fsdp` asks accelerate for FSDP2 and reports what it set up. On CPU ranks it reports
   ``DistributedType.MULTI_CPU`` and a model wrapped in ``DistributedDataParallel``: accelerate (and the
   Trainer, which prepares models through it) quietly falls back to DDP, without a warning. A laptop test of
@@ -20,6 +21,7 @@ import tempfile
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 from parlab import runtime
 from parlab.job.train_fsdp import CONFIG, build_model, dataset
@@ -40,7 +42,8 @@ compute_environment: LOCAL_MACHINE
 distributed_type: FSDP
 num_machines: 1
 num_processes: 4                        # world_size: one process per GPU
-mixed_precision: bf16                   # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+mixed_precision: bf16                   # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16): both;
+                                        # fp32 reduction needs the plugin's explicit mixed_precision_policy
 fsdp_config:
   fsdp_version: 2
   fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
@@ -77,7 +80,8 @@ def _on_gpu() -> bool:
     return runtime.choose(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))).gpu
 
 
-def _arguments(cfg, output_dir, fsdp):
+def training_arguments(cfg, output_dir, fsdp=False):
+    """The job's `TrainingArguments`: the same batch, accumulation, optimizer, clipping and rows as one process."""
     from transformers import TrainingArguments
 
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
@@ -86,6 +90,7 @@ def _arguments(cfg, output_dir, fsdp):
         output_dir=output_dir, use_cpu=cpu, ddp_backend="gloo" if cpu else None,
         per_device_train_batch_size=cfg["global_batch"] // (world * cfg["accumulation"]),
         gradient_accumulation_steps=cfg["accumulation"], max_steps=cfg["steps"],
+        train_sampling_strategy="sequential",  # rows in order, as one process takes them (default: shuffled)
         optim="sgd", optim_args=f"momentum={cfg['momentum']}", learning_rate=cfg["lr"], weight_decay=0.0,
         lr_scheduler_type="constant", max_grad_norm=cfg["max_grad_norm"] or 0.0, seed=0,
         logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, remove_unused_columns=False,
@@ -93,20 +98,46 @@ def _arguments(cfg, output_dir, fsdp):
 
 
 def trainer_job(cfg: dict | None = None, fsdp: bool = False) -> dict:
-    """``Trainer.train()`` on this rank: the logged losses (rounded to 4 decimals by the Trainer), what
+    """``Trainer.train()`` on this rank: the logged losses (full floats in this transformers; older ones round to 4 decimals), what
     accelerate set up, the wrapped model's class, and (rank 0) the final weights."""
     from transformers import Trainer
 
     cfg = dict(CONFIG, **(cfg or {}))
     rows = [{"input_ids": x, "labels": x} for x in dataset(cfg)]
     with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(model=build_model(cfg), args=_arguments(cfg, out, fsdp), train_dataset=rows)
+        trainer = Trainer(model=build_model(cfg), args=training_arguments(cfg, out, fsdp), train_dataset=rows)
         trainer.train()
     params = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()}
     return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
             "distributed_type": trainer.accelerator.distributed_type.name,
             "wrapped": type(trainer.model_wrapped).__name__,
             "params": params if dist.get_rank() == 0 else None}
+
+
+def accelerate_loop(cfg: dict | None = None) -> list[float]:
+    """The job as an accelerate loop on this rank: the global batch's loss of every step."""
+    from accelerate import Accelerator
+
+    cfg = dict(CONFIG, **(cfg or {}))
+    accelerator = Accelerator(cpu=not _on_gpu(), gradient_accumulation_steps=cfg["accumulation"])
+    model = build_model(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+    micro = cfg["global_batch"] // (accelerator.num_processes * cfg["accumulation"])
+    loader = DataLoader(dataset(cfg), batch_size=micro)  # prepared: rank r takes batches r, r + N, ...
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    losses, total = [], 0.0
+    for x in loader:
+        with accelerator.accumulate(model):  # gradients synchronised on the last micro-batch only
+            loss = model(input_ids=x, labels=x).loss
+            accelerator.backward(loss)  # divided by gradient_accumulation_steps
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), cfg["max_grad_norm"])
+            opt.step()  # a no-op until the last micro-batch
+            opt.zero_grad()
+        total += accelerator.reduce(loss.detach(), "mean").item() / cfg["accumulation"]
+        if accelerator.sync_gradients:
+            losses, total = losses + [total], 0.0
+    return losses
 
 
 def accelerate_fsdp(cfg: dict | None = None) -> dict:

@@ -58,11 +58,16 @@ def matmul_peak(n: int = 1024, repeats: int = 5, device="cpu", dtype=torch.float
     return 2 * n**3 / best
 
 
-def median_seconds(fn, repeats: int = 3) -> float:
-    """The median wall time of ``repeats`` calls of ``fn()`` (a step), in seconds."""
+def step_seconds(fn, repeats: int = 9, warmup: int = 2) -> dict:
+    """Wall time of ``fn()`` (a step): ``warmup`` calls first (allocations, first-call dispatch), then the
+    median, fastest and slowest of ``repeats`` calls, in seconds. On shared cores the spread is the answer's
+    honesty: two steps whose ranges overlap are not told apart by this measurement."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    times.sort()
+    return {"median": times[len(times) // 2], "min": times[0], "max": times[-1]}

@@ -1,0 +1,66 @@
+"""One cost model for the course: links, collectives, and the time and memory of a training step under any
+layout (chapter 07; chapters 04, 05 and 06 use its links and collectives).
+
+**Links.** :data:`LINKS` names the links the course talks about, each with a latency α (seconds per
+message, i.e. per step of a ring) and a bandwidth B (bytes per second, one direction, per GPU while every
+GPU of its node sends), and where the bandwidth comes from: vendors' figures, or nccl-tests' measured bus
+bandwidth where the vendor's would mislead (an 8-GPU PCIe server). Every α is an assumption of the right
+order, not a measurement: fit your own with chapter 02's ``sweep`` and ``fit_alpha_beta``. A ring between
+nodes runs over as many of a node's adapters as the group has GPUs there (:meth:`Cluster.link`).
+
+**Collectives** (chapter 02's α-β model, T(m) = α + m·β per message, on a ring of n ranks; m is the
+nccl-tests size: the whole buffer, all-gather's output, reduce-scatter's input):
+
+- all-gather, reduce-scatter: n − 1 steps, each moving m/n over every link: (n−1)·α + (n−1)/n · m/B;
+- all-reduce: a reduce-scatter then an all-gather: 2(n−1)·α + 2(n−1)/n · m/B;
+- send/recv (a pipeline's boundary): α + m/B.
+
+Two α's, then: a link's α is the latency of *one message* (one step of a ring); a collective's α is the
+intercept of its whole call, T(m) = α_call + m·β_call, e.g. α_call = 2(n−1)·α for an all-reduce.
+:func:`ring_costs` turns a link into (α_call, β_call) of each op; a curve fitted on a real machine
+(``fit_alpha_beta`` over a ``sweep`` of whole calls) gives (α_call, β_call) directly and plugs in the same
+way, and :func:`fitted_link` turns such a fit back into a link (per-message α, bandwidth B), so that it can
+be priced at another ring size. :func:`collective_seconds` prices one call.
+
+**A step** (:func:`predict`): the pipeline's slowest stage sets the pace (layers split as evenly as the
+output layer on the last stage allows: :func:`stage_layers`); a rank executes its layers' FLOPs (2 per
+weight and token, plus attention's 4·s·h, Narayanan et al. 2021's eq. 3; forward, backward = 2 × forward,
+and the forward again under recomputation) at :data:`UTILIZATION` of its GPU's peak, and their
+memory-bound work (the bytes they save for backward) at its memory bandwidth; tensor parallelism adds
+Megatron's all-reduces of one activation per layer and micro-batch (two forward, two backward, two more
+when recomputing), which nothing hides; a pipeline of p stages runs m micro-batches in m + p − 1 slots
+(the bubble, chapter 06) and sends 1/t of an activation each way per micro-batch (scatter/gather, ibid.
+§4.1); data parallelism's collectives come from :func:`predict_dp_step` (chapter 04), which knows what
+each implementation of each ZeRO stage hides; every collective call pays its ring's latency floor,
+(n − 1)·α, so ZeRO-3 at one sequence per GPU over a 1,536-rank ring no longer hides (DeepSpeed's of 2021
+gathered tensor by tensor). Memory per rank is :func:`parlab.measure.estimate_memory` (chapter 01) for the
+heaviest stage, with the implementation's gradient dtype (Megatron-LM in bf16: fp32, 18 bytes per
+parameter) and ZeRO-3's working set (:func:`zero3_working_set`). ``predict(..., without=(term,))`` leaves
+one cost term out (:data:`TERMS`), so that a test can show what each adds. MFU (model FLOPs, no recomputation) and HFU (what executes) are
+reported. :data:`PUBLISHED_RUNS` are five runs the model is checked against (``tests/test_planner.py``) and fitted
+:data:`UTILIZATION` on; :data:`HELD_OUT_RUNS` (Narayanan et al. 2021, Table 2) fitted nothing.
+
+**The package, by idea:** :mod:`~parlab.planner.hardware` (links, collectives, GPUs, clusters),
+:mod:`~parlab.planner.workload` (a model, its batch, a layout), :mod:`~parlab.planner.data_parallel` (what
+each ZeRO stage sends and hides), :mod:`~parlab.planner.step` (a layout's step, part by part),
+:mod:`~parlab.planner.memory` (memory per rank), :mod:`~parlab.planner.search` (every layout of a cluster)
+and :mod:`~parlab.planner.published` (the runs it is checked against). Every name is imported here:
+``from parlab.planner import predict``.
+"""
+
+from parlab.planner.hardware import (A100, BUCKET_BYTES, GPU, H100, LINKS, OPS, OPTIMIZER_BYTES_PER_PARAM,
+                                     UTILIZATION, Cluster, Link, cluster_of, collective_seconds, fitted_link,
+                                     ring_costs)
+from parlab.planner.data_parallel import IMPLEMENTATIONS, RESHARDS, STRATEGIES, ddp_buckets, predict_dp_step
+from parlab.planner.workload import ATTENTIONS, RECOMPUTES, Layout, Workload, root_params, stage_layers, stage_params
+from parlab.planner.memory import stage_memory, zero3_working_set
+from parlab.planner.step import TERMS, Prediction, predict
+from parlab.planner.search import candidates, layout_of
+from parlab.planner.published import (CALIBRATION_RUNS, HELD_OUT_RUNS, PUBLISHED_RUNS, PublishedRun,
+                                      baseline_step, baseline_utilization, calibrated_utilization, eq3_flops)
+
+__all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
+           "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
+           "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds",
+           "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",
+           "root_params", "stage_layers", "stage_memory", "stage_params"]

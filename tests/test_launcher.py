@@ -363,6 +363,8 @@ def test_a_long_message_is_cut_after_a_sentence():
     assert _sentence(gloo, first=True) == "Connection closed by peer [127.0.0.1]:33160."
     assert _sentence("word " * 60, limit=32) == "word word word word word word …"
     assert _sentence("[rank 3] kept, not a source file") == "[rank 3] kept, not a source file"
+    enforce = "[enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4"
+    assert _sentence(enforce, first=True) == "op.preamble.length <= op.nbytes."  # gloo's other prefix goes too
 
 
 def test_launch_works_after_failures():

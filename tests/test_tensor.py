@@ -9,6 +9,7 @@ here against one process.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -463,7 +464,7 @@ def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
     from parlab.exercises import ExerciseFailed, check_row_parallel_forward
 
     assert "one all-reduce" in repr(check_row_parallel_forward(_correct, world_size=3))
-    with pytest.raises(ExerciseFailed, match="the package's own RowParallelLinear.forward"):
+    with pytest.raises(ExerciseFailed, match="RowParallelLinear.forward is the package's answer to this exercise"):
         check_row_parallel_forward(tp.RowParallelLinear.forward)  # handing in the answer is refused
     with pytest.raises(ExerciseFailed, match="called the layer's own forward"):
         check_row_parallel_forward(lambda layer, x: layer(x))
@@ -491,7 +492,7 @@ def test_collectives_exercise_passes_the_reference_and_names_the_boundary():
                  ("partial", "split"): "reduce_scatter"}[h, n] for h, n in zip(held, needs)]
 
     assert reference_tp_collectives(["column", "row"]) == ["none", "none", "all_reduce"]  # the chapter's case
-    assert "all 8 chains" in repr(check_tp_collectives(chain_ops))
+    assert re.search(r"on all \d+ chains, \d+ of them drawn anew", repr(check_tp_collectives(chain_ops)))
 
     def always_all_reduce_after_row(splits):  # forgets that a row layer may feed another row layer
         return ["none" if s == "column" else "split" for s in splits[:1]] + [

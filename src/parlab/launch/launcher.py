@@ -522,7 +522,8 @@ def _sentence(text: str, limit: int = 200, first: bool = False) -> str:
     """A message in one line for a rank's status: its first line, without the source file gloo prefixes
     (``[.../pair.cc:553] ``), and when longer than ``limit`` cut after a whole sentence, never mid-word;
     ``first``: only its first sentence."""
-    line = re.sub(r"^\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", (text.strip().splitlines() or [""])[0])
+    # gloo's prefix, also as "[enforce fail at .../pair.cc:446] "
+    line = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", (text.strip().splitlines() or [""])[0])
     if first and ". " in line[:limit]:
         return line[:line.index(". ") + 1]
     if len(line) <= limit:

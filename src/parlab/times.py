@@ -82,7 +82,10 @@ def take_measured(measured: dict, path=RUN_TIMES) -> None:
     """Merge ``{chapter: {"defaults": s, "ci": s}}`` (what the suite measured) into ``docs/run_times.json``."""
     path = pathlib.Path(path)
     data = json.loads(path.read_text()) if path.exists() else {"chapters": {}}
+    chapters = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
     for chapter, runs in measured.items():
+        if chapter not in chapters:
+            raise ValueError(f"{chapter!r} in the measured run times is no chapter of notebooks/")
         data["chapters"].setdefault(chapter, {}).update({k: round(v, 1) for k, v in runs.items()})
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 

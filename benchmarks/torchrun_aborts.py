@@ -78,32 +78,38 @@ def _shell(nproc: int, argv: list[str], runs: int) -> list[tuple[float, str | No
     return out
 
 
-KERNEL_LOOP = """
+KERNEL_SETUP = """
 import json, time, torch
 import parlab
 from parlab.job.torchrun import torchrun
 parlab.launch(lambda: float(torch.ones(1).sum()), {nproc}, announce=False)  # what a chapter's kernel has done
-_runs = []
-for _ in range({runs}):
-    _t = time.perf_counter()
-    try:
-        torchrun({target!r}, {nproc}, *{args!r}, module={module!r})
-        _runs.append((time.perf_counter() - _t, None))
-    except RuntimeError as e:
-        _runs.append((time.perf_counter() - _t, str(e)))
-print("RUNS", json.dumps(_runs))
+"""
+
+# One cell per run, as a learner reruns a cell (and no cell outlasts the kernel driver's 600 s timeout)
+KERNEL_RUN = """
+_t = time.perf_counter()
+try:
+    torchrun({target!r}, {nproc}, *{args!r}, module={module!r})
+    _run = (time.perf_counter() - _t, None)
+except RuntimeError as e:
+    _run = (time.perf_counter() - _t, str(e))
+print("RUN", json.dumps(_run))
 """
 
 
 def _kernel(nproc: int, argv: list[str], runs: int) -> list[tuple[float, str | None]]:
     module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
-    kernel = Kernel()
+    kernel, out = Kernel(), []
     try:
-        text = kernel.execute(KERNEL_LOOP.format(nproc=nproc, runs=runs, target=target, args=args, module=module))
+        kernel.execute(KERNEL_SETUP.format(nproc=nproc))
+        cell = KERNEL_RUN.format(nproc=nproc, target=target, args=args, module=module)
+        for _ in range(runs):
+            text = kernel.execute(cell)
+            out.append(tuple(json.loads(next(line[4:] for line in text.splitlines() if line.startswith("RUN ")))))
     finally:
         kernel.close()
-    return [tuple(r) for r in json.loads(next(line[5:] for line in text.splitlines() if line.startswith("RUNS ")))]
+    return out
 
 
 def main() -> None:

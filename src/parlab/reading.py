@@ -23,7 +23,6 @@ LIMITS = {"words": 2500, "code_lines": 300, "longest_cell": 30}
 #: How fast a learner reads: prose at 200 words a minute, this course's code at 10 lines a minute (it is
 #: dense: every line is a collective, a shape or a check). A main path at the limits is about 40 minutes.
 READING_RATE = {"words_per_minute": 200, "code_lines_per_minute": 10}
-TIMES_MARK = "<!-- parlab:times -->"  # starts the Overview's line of times (parlab.times writes it)
 
 
 def show_source(obj) -> None:
@@ -78,11 +77,6 @@ class ChapterSizes:
         return [f"{k} {got[k]} > {v}" for k, v in LIMITS.items() if got[k] > v]
 
 
-def _without_times_line(source: str) -> str:
-    """A markdown cell less the Overview's times line (:mod:`parlab.times` writes it; it is no reading)."""
-    return "\n".join(line for line in source.split("\n") if not line.startswith(TIMES_MARK))
-
-
 def _lines(source: str) -> int:
     return sum(1 for line in source.splitlines() if line.strip())
 
@@ -132,7 +126,7 @@ def chapter_sizes(path) -> ChapterSizes:
         if cell.cell_type == "markdown":
             if UNDER_THE_HOOD.search(cell.source):
                 where, seen_uth = "under_the_hood", True
-            parts[where].words += len(_without_times_line(cell.source).split())
+            parts[where].words += len(cell.source.split())
             continue
         if cell.cell_type != "code":
             continue

@@ -351,7 +351,7 @@ def test_rank_killed_by_signal(tmp_path):
 
 
 def test_a_long_message_is_cut_after_a_sentence():
-    from parlab.launch.launcher import _sentence
+    from parlab.launch._diagnosis import _sentence
 
     gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
             "[127.0.0.1]:33160. This is typically caused by a remote worker crashing. Check the logs of the remote "

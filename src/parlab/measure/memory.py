@@ -34,7 +34,10 @@ pp_size`` ways. Activations are counted term by term from the model's architectu
 :func:`estimate_memory` predicts; :func:`measure_memory` walks the tensors a rank really holds, counting
 each storage once; :func:`measure_activations` counts the bytes autograd saves for backward;
 :func:`parlab.measure.peak.peak_memory` the most bytes PyTorch had allocated at once during a call.
-Chapter 01 shows them side by side; tests hold them within 5%.
+Chapter 01 shows them side by side; tests hold them within 5%. The estimate's activations term lives in
+:mod:`parlab.measure.activation_estimate` (``architecture`` too), and :class:`ActivationTracker`, which
+follows the activations kept over time, in :mod:`parlab.measure.activation_tracker`; both are importable
+from here as before.
 """
 
 from __future__ import annotations
@@ -46,15 +49,9 @@ import torch
 from torch import nn
 
 from parlab.exercises.core import answer_of
-from parlab.measure.activations import (
-    ATTENTIONS,
-    DEVICES,
-    Architecture,
-    end_terms,
-    layer_terms,
-    left_out,
-    meta_model,
-)
+from parlab.measure.activation_estimate import architecture, estimate_activations
+from parlab.measure.activation_tracker import ActivationTracker
+from parlab.measure.activations import ATTENTIONS, DEVICES, meta_model
 from parlab.parallel.topology import Topology
 
 #: Bytes of optimizer state per parameter, for a optimizer kept in fp32 (the master weights are extra).
@@ -152,58 +149,6 @@ def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, bytes_per_va
     return split // t + replicated // (t if sequence_parallel else 1)
 
 
-def architecture(model=None, *, hidden=None, layers=None, heads=None, vocab=None, attention=None,
-                 dropout=None) -> Architecture:
-    """The :class:`~parlab.measure.activations.Architecture` :func:`estimate_memory` counts activations
-    for: read from a transformers config (or a model's ``.config``); else Korthikanti et al.'s GPT layer
-    of the given ``hidden``, ``layers``, ``heads`` (and dropout unless ``dropout=False``)."""
-    config = getattr(model, "config", None) if isinstance(model, nn.Module) else model
-    if config is not None and hasattr(config, "model_type"):
-        arch = Architecture.from_config(config, attention=attention, dropout=dropout)
-        if dropout is True and not (arch.attn_dropout or arch.resid_dropout):
-            raise ValueError("dropout=True, but the config sets its dropout probabilities to 0: change the "
-                             "config (dropout=None follows it, dropout=False turns it off)")
-        overrides = {k: v for k, v in (("hidden", hidden), ("layers", layers), ("heads", heads),
-                                        ("vocab", vocab)) if v}
-        act = _activation_module(model, arch.family) if isinstance(model, nn.Module) else None
-        if act is not None:  # the model's own activation is probed, whatever its config says
-            overrides["activation_fn"] = act
-            if type(act).__name__ != _activation_class(arch.activation):
-                overrides["activation"] = type(act).__name__
-        if overrides:
-            from dataclasses import replace
-
-            arch = replace(arch, **overrides)
-        return arch
-    missing = [n for n, v in (("hidden", hidden), ("layers", layers), ("heads", heads)) if not v]
-    if missing:
-        raise ValueError(f"activations need {', '.join(missing)}= (or a transformers config that has them)")
-    return Architecture.gpt(hidden, layers, heads, vocab, dropout is not False, attention or "eager")
-
-
-#: where each family keeps its MLP's activation module (transformers' modeling code)
-_ACTIVATION_PATHS = {"gpt2": "transformer.h.0.mlp.act", "llama": "model.layers.0.mlp.act_fn",
-                     "bloom": "transformer.h.0.mlp.gelu_impl"}
-
-
-def _activation_class(name: str) -> str | None:
-    """The class name transformers builds for an activation name (BLOOM's own GeLU for "bloom")."""
-    if name == "bloom":
-        return "BloomGelu"
-    from transformers.activations import ACT2FN
-
-    return type(ACT2FN[name]).__name__ if name in ACT2FN else None
-
-
-def _activation_module(model: nn.Module, family: str):
-    """The first layer's MLP activation of a built transformers model, or None where it is not found."""
-    path = _ACTIVATION_PATHS.get(family)
-    try:
-        return model.get_submodule(path) if path else None
-    except AttributeError:
-        return None
-
-
 @answer_of("ch01.1", "ch01.2", "ch01.3", "ch07.2")
 def estimate_memory(model=None, *, num_params: int | float | None = None, precision: str = "fp32",
                     optimizer: str = "adam", world_size: int = 1, zero_stage: int = 0, tp_size: int = 1,
@@ -241,6 +186,33 @@ def estimate_memory(model=None, *, num_params: int | float | None = None, precis
     >>> estimate_memory(num_params=7.5e9, precision="bf16", world_size=64, zero_stage=1).total / 1e9
     31.40625
     """
+    dp_size = _checked_dp_size(model, num_params, precision, optimizer, world_size, zero_stage, tp_size, pp_size,
+                               attention, device, fp32_grads, gradient_buckets)
+    num_params = count_params(model) if num_params is None else _param_count(num_params)
+
+    psi = num_params / (tp_size * pp_size)  # weights one model-parallel rank holds (even split assumed)
+    value = 4 if precision == "fp32" else 2
+    grad_value = 4 if fp32_grads else value
+    state = OPTIMIZER_STATE_BYTES[optimizer] + (0 if precision == "fp32" else 4)  # K; + fp32 master
+    shard = {name: (dp_size if zero_stage >= stage else 1)
+             for name, stage in (("optimizer", 1), ("grads", 2), ("params", 3))}
+    params = math.ceil(value * psi / shard["params"])
+    grads = math.ceil(grad_value * psi / shard["grads"])
+    opt = math.ceil(state * psi / shard["optimizer"])
+    buckets = math.ceil(grad_value * psi) if gradient_buckets else 0
+
+    activations, notes = 0, []
+    if micro_batch:
+        activations, notes = estimate_activations(
+            model, micro_batch, seq_len, value, tp_size=tp_size, sequence_parallel=sequence_parallel,
+            checkpointing=checkpointing, device=device, hidden=hidden, layers=layers, heads=heads, vocab=vocab,
+            attention=attention, dropout=dropout)
+    return MemoryEstimate(params, grads, opt, activations, buckets, tuple(notes))
+
+
+def _checked_dp_size(model, num_params, precision, optimizer, world_size, zero_stage, tp_size, pp_size,
+                     attention, device, fp32_grads, gradient_buckets) -> int:
+    """Check :func:`estimate_memory`'s arguments; return the data-parallel size they leave."""
     _check_choice("precision", precision, PRECISIONS)
     _check_choice("optimizer", optimizer, tuple(OPTIMIZER_STATE_BYTES))
     _check_choice("zero_stage", zero_stage, (0, 1, 2, 3))
@@ -257,55 +229,7 @@ def estimate_memory(model=None, *, num_params: int | float | None = None, precis
     if gradient_buckets and zero_stage > 1:
         raise ValueError(f"gradient_buckets=True is DDP's; with zero_stage={zero_stage} the gradients are "
                          f"sharded (FSDP / ZeRO-2), not bucketed by DDP: use zero_stage 0 or 1")
-    num_params = count_params(model) if num_params is None else _param_count(num_params)
-
-    psi = num_params / (tp_size * pp_size)  # weights one model-parallel rank holds (even split assumed)
-    value = 4 if precision == "fp32" else 2
-    grad_value = 4 if fp32_grads else value
-    state = OPTIMIZER_STATE_BYTES[optimizer] + (0 if precision == "fp32" else 4)  # K; + fp32 master
-    shard = {name: (dp_size if zero_stage >= stage else 1)
-             for name, stage in (("optimizer", 1), ("grads", 2), ("params", 3))}
-    params = math.ceil(value * psi / shard["params"])
-    grads = math.ceil(grad_value * psi / shard["grads"])
-    opt = math.ceil(state * psi / shard["optimizer"])
-    buckets = math.ceil(grad_value * psi) if gradient_buckets else 0
-
-    notes = []
-    activations = 0
-    if micro_batch:
-        positive = isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch > 0
-        if not positive:
-            raise ValueError(f"micro_batch={micro_batch!r} must be a positive int (or 0: no activations)")
-        arch = architecture(model, hidden=hidden, layers=layers, heads=heads, vocab=vocab, attention=attention,
-                            dropout=dropout)
-        config = getattr(model, "config", None) if isinstance(model, nn.Module) else model
-        seq_len = seq_len or getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-        if not seq_len:
-            raise ValueError(f"micro_batch={micro_batch} asks for activations, which need seq_len= (or a "
-                             f"transformers config that has max_position_embeddings)")
-        if device is None:
-            device = "cpu" if isinstance(model, nn.Module) and next(model.parameters()).device.type == "cpu" \
-                else "cuda"
-        layer = layer_terms(arch, seq_len, micro_batch, value, device)
-        per_layer = sum(term.per_rank(tp_size, sequence_parallel) for term in layer)
-        if checkpointing:
-            # kept: each layer's input (replicated over tp ranks unless sequence parallel); during one
-            # layer's backward its activations are recomputed and live until its backward ends
-            kept = seq_len * micro_batch * arch.hidden * value / (tp_size if sequence_parallel else 1)
-            layers_bytes = kept * arch.layers + per_layer
-            notes.append("checkpointing: every layer's input, plus one layer recomputed during its backward")
-        else:
-            # With 1F1B the first pipeline stage keeps pp_size micro-batches of layers/pp_size layers:
-            # the activations of all layers, whatever pp_size is (Korthikanti et al. 2022, §4.2.3).
-            layers_bytes = per_layer * arch.layers
-        # the model's ends need its vocabulary (Korthikanti's layer alone has none unless vocab= is given)
-        ends = end_terms(arch, seq_len, micro_batch, value, device) if arch.vocab else []
-        activations = math.ceil(layers_bytes + sum(t.per_rank(tp_size, sequence_parallel) for t in ends))
-        notes.append(f"activations: {arch.layers} {arch.family} layers ({arch.attention} attention, {device} "
-                     f"dropout masks)" + (", embedding side, final norm, output layer and fp32 "
-                                          "log-probabilities of the loss" if ends else " only (no vocab: no ends)"))
-        notes += left_out(arch)
-    return MemoryEstimate(params, grads, opt, activations, buckets, tuple(notes))
+    return dp_size
 
 
 @dataclass(frozen=True)
@@ -429,77 +353,6 @@ ZERO_PAPER_TABLE1 = {
     (1e12, 256): (16000, 4046, 2054, 62.5), (1e12, 1024): (16000, 4011, 2013, 15.6),
 }
 
-
-class ActivationTracker:
-    """Bytes autograd holds for backward *right now*, and the most it held: for schedules that keep several
-    micro-batches' activations at once (pipelines, chapter 06).
-
-    Inside ``with tracker:`` every tensor an op saves for backward is counted (each storage once, weights
-    in ``exclude`` never) and wrapped in a small holder; when autograd lets go of it (after the backward
-    that used it) the holder is freed and its bytes leave the count. So ``live`` and ``peak`` follow what
-    is really kept, and ``samples`` holds ``(time.perf_counter(), live bytes)`` at every change, for a plot.
-    The context may be entered and left many times (around each forward, say); what was saved stays
-    counted until released.
-    """
-
-    def __init__(self, exclude=()):
-        params = exclude.parameters() if isinstance(exclude, nn.Module) else exclude
-        self._weights = {p.untyped_storage().data_ptr() for p in params}
-        self._held: dict[int, list[int]] = {}  # storage address -> [holders, bytes]
-        self.live = 0
-        self.peak = 0
-        self.samples: list[tuple[float, int]] = []
-        self._hooks = None
-
-    def __enter__(self):
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack_held)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-        self._hooks = None
-
-    def _pack(self, t):
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key in self._weights or storage.nbytes() == 0:
-            return t
-        entry = self._held.setdefault(key, [0, storage.nbytes()])
-        if entry[0] == 0:
-            self._change(entry[1])
-        entry[0] += 1
-        # an alias without autograd history: holding `t` itself would let an op that saves its own output
-        # (ReLU) keep its graph alive in a cycle (node -> holder -> t -> t.grad_fn), so a graph dropped
-        # without a backward through it (retain_graph, or a split backward) would never be freed
-        return _Held(self, key, t.detach())
-
-    def _release(self, key: int) -> None:
-        entry = self._held[key]
-        entry[0] -= 1
-        if entry[0] == 0:  # the last holder of this storage is gone: autograd no longer keeps it
-            del self._held[key]
-            self._change(-entry[1])
-
-    def _change(self, nbytes: int) -> None:
-        import time
-
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-        self.samples.append((time.perf_counter(), self.live))
-
-
-class _Held:
-    """One saved tensor as autograd keeps it; tells its tracker when autograd drops it."""
-
-    __slots__ = ("tracker", "key", "tensor")
-
-    def __init__(self, tracker, key, tensor):
-        self.tracker, self.key, self.tensor = tracker, key, tensor
-
-    def __del__(self):
-        self.tracker._release(self.key)
-
-
-def _unpack_held(held):
-    return held.tensor if isinstance(held, _Held) else held
+__all__ = ["ZERO_PAPER_TABLE1", "ActivationTracker", "MemoryEstimate", "MemoryMeasurement",
+           "activation_bytes_per_layer", "architecture", "count_params", "ddp_buckets", "estimate_memory",
+           "measure_activations", "measure_memory"]

@@ -137,6 +137,39 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
         positive_int("seq_len", seq_len, "tokens per sequence")
     if not gpu_memory_gb or gpu_memory_gb <= 0:
         raise ValueError(f"gpu_memory_gb={gpu_memory_gb!r} must be a positive number of GB")
+    model, num_params, largest_layer_params = _model_shape(model, num_params, largest_layer_params)
+    config = getattr(model, "config", None)  # a transformers model's: the estimator reads activations off it
+    act = dict(model=model) if model is not None else dict(num_params=num_params)
+    with_acts = bool(micro_batch) and config is not None
+    act.update(precision=precision, optimizer=optimizer, micro_batch=micro_batch if with_acts else 0,
+               seq_len=seq_len, checkpointing=checkpointing)
+    c = _Layouts(act, gpu_memory_gb * GB, gpus_per_node, nodes)
+    one = c.memory["1 GPU"]
+    fits_one = one.total <= c.gpu
+    layer_fits = largest_layer_params * one.model_states / num_params <= c.gpu
+    if not layer_fits:
+        guide, recs = _layer_too_large(c)
+    elif nodes == 1 and fits_one:
+        guide, recs = _fits_one_gpu(c)
+    elif nodes == 1:
+        guide, recs = _one_node(c, intra_node, with_acts)
+    else:
+        guide, recs = _several_nodes(c, inter_node, fits_one)
+    fit = ("Even the largest layer does not fit one GPU." if not layer_fits
+           else "It fits one GPU." if fits_one else "It does not fit one GPU.")
+    if with_acts:
+        need = (f"{one.total / GB:.1f} GB ({one.model_states / GB:.1f} GB model states + "
+                f"{one.activations / GB:.1f} GB activations)")
+    else:
+        need = f"{one.total / GB:.1f} GB of model states"
+    summary = f"{fit} One GPU needs {need}; it has {gpu_memory_gb:g} GB. {guide}"
+    notes = _notes(c, recs, num_params, config if with_acts else None, micro_batch, seq_len, checkpointing)
+    return Advice(recs, c.memory, c.gpu, fits_one, layer_fits, notes, summary)
+
+
+def _model_shape(model, num_params, largest_layer_params) -> tuple:
+    """(the model, built on the meta device when given as a config or preset name, or None; Ψ; the
+    parameters of its largest layer, 0 when unknown)."""
     if isinstance(model, str):
         model = preset(model)
     if model is not None and not isinstance(model, nn.Module):
@@ -148,138 +181,150 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
         num_params, largest_layer_params = _shape(model)
     if num_params is None:
         raise ValueError("give model= (a transformers config, preset name or nn.Module) or num_params=")
-    largest_layer_params = largest_layer_params or 0
-    config = getattr(model, "config", None)  # a transformers model's: the estimator reads activations off it
-    act = dict(model=model) if model is not None else dict(num_params=num_params)
-    with_acts = bool(micro_batch) and config is not None
-    act.update(precision=precision, optimizer=optimizer, micro_batch=micro_batch if with_acts else 0,
-               seq_len=seq_len, checkpointing=checkpointing)
-    gpu = gpu_memory_gb * GB
-    n = gpus_per_node * nodes
+    return model, num_params, largest_layer_params or 0
 
-    def est(**kw):
-        return estimate_memory(**{**act, **kw})
 
-    one = est()
-    fits_one = one.total <= gpu
-    per_param = one.model_states / num_params
-    layer_fits = largest_layer_params * per_param <= gpu
-    ddp, z3, zero = f"DDP ×{n}", f"ZeRO-3 ×{n}", f"ZeRO ×{n}"
-    pp_label, tp_label = _mesh(1, gpus_per_node, nodes), _mesh(gpus_per_node, 1, nodes)
-    memory = {"1 GPU": one, ddp: est(world_size=n)}
-    for stage in (1, 2, 3):
-        memory[f"ZeRO-{stage} ×{n}"] = est(world_size=n, zero_stage=stage)
-    memory[pp_label] = est(world_size=n, pp_size=gpus_per_node)
-    memory[tp_label] = est(world_size=n, tp_size=gpus_per_node)
+class _Layouts:
+    """The candidate layouts on ``nodes`` nodes of ``gpus_per_node`` GPUs of ``gpu`` bytes, and the per-GPU
+    memory of each (``memory``, by label; the rules add the TP × PP layouts they consider)."""
 
-    def tp_and_pp(fewest):
-        # TP inside a node, pipeline stages across nodes (at least ``fewest``), the fewest that make it fit,
-        # DP over the rest with ZeRO-1 (which shards nothing over one replica: then no ZeRO)
+    def __init__(self, act: dict, gpu: float, gpus_per_node: int, nodes: int):
+        self.act, self.gpu, self.gpus_per_node, self.nodes = act, gpu, gpus_per_node, nodes
+        n = self.n = gpus_per_node * nodes
+        self.ddp, self.z3, self.zero = f"DDP ×{n}", f"ZeRO-3 ×{n}", f"ZeRO ×{n}"
+        self.pp, self.tp = _mesh(1, gpus_per_node, nodes), _mesh(gpus_per_node, 1, nodes)
+        self.memory = {"1 GPU": self.estimate(), self.ddp: self.estimate(world_size=n)}
+        for stage in (1, 2, 3):
+            self.memory[f"ZeRO-{stage} ×{n}"] = self.estimate(world_size=n, zero_stage=stage)
+        self.memory[self.pp] = self.estimate(world_size=n, pp_size=gpus_per_node)
+        self.memory[self.tp] = self.estimate(world_size=n, tp_size=gpus_per_node)
+        self.three = self.tp_and_pp(2) if nodes > 1 else None
+
+    def estimate(self, **kw) -> MemoryEstimate:
+        return estimate_memory(**{**self.act, **kw})
+
+    def fits(self, label: str) -> bool:
+        return self.memory[label].total <= self.gpu
+
+    def tp_and_pp(self, fewest: int) -> str:
+        """TP inside a node, pipeline stages across nodes (at least ``fewest``), the fewest that make it fit,
+        DP over the rest with ZeRO-1 (which shards nothing over one replica: then no ZeRO)."""
+        nodes, tp = self.nodes, self.gpus_per_node
         for pp in (d for d in range(fewest, nodes + 1) if nodes % d == 0):
             stage = 1 if nodes // pp > 1 else 0
-            estimate = est(world_size=n, tp_size=gpus_per_node, pp_size=pp, zero_stage=stage)
-            if estimate.total <= gpu:
+            estimate = self.estimate(world_size=self.n, tp_size=tp, pp_size=pp, zero_stage=stage)
+            if estimate.total <= self.gpu:
                 break
-        label = _mesh(gpus_per_node, pp, nodes // pp, stage)
-        memory[label] = estimate
+        label = _mesh(tp, pp, nodes // pp, stage)
+        self.memory[label] = estimate
         return label
 
-    three_label = tp_and_pp(2) if nodes > 1 else None
 
-    fit = ("Even the largest layer does not fit one GPU." if not layer_fits
-           else "It fits one GPU." if fits_one else "It does not fit one GPU.")
-    recs: list[Recommendation] = []
-    if not layer_fits:
-        guide = "The guide: tensor parallelism, or ZeRO-3 with the single-GPU techniques."
-        if memory[tp_label].total <= gpu or nodes == 1:
-            recs.append(Recommendation(tp_label, "the only way to split a layer: each GPU holds a slice of "
-                                       "every weight matrix (pipeline parallelism moves whole layers)", tp_label))
-        else:  # TP splits the layers; it alone does not hold the model: pipeline stages across nodes do the rest
-            both = tp_and_pp(1)
-            recs.append(Recommendation(both, f"TP splits every layer, the largest included; TP {gpus_per_node} "
-                                       f"alone needs {memory[tp_label].total / GB:.0f} GB per GPU, so pipeline "
-                                       "stages across nodes divide the layers until it fits", both))
-        recs.append(Recommendation(z3 + " + offload/checkpointing", "gathers one layer at a time; CPU offload "
-                                   "and activation checkpointing make room for it; no change to the model, "
-                                   "but more traffic", z3))
-    elif nodes == 1 and fits_one:
-        guide = "The guide: replicate it (DDP); ZeRO may be faster or slower, so measure."
-        recs.append(Recommendation(ddp, "every GPU holds a whole copy and all-reduces gradients after "
-                                   "backward: the simplest, usually the fastest", ddp))
-        recs.append(Recommendation(zero, "shards optimizer state (stage 1) and more over the GPUs, freeing "
-                                   "memory for a larger micro-batch; may be faster or slower than DDP: "
-                                   "measure both on your setup", None))
-    elif nodes == 1 and intra_node == "nvlink":
-        guide = ("With NVLink/NVSwitch inside the node the guide finds PP, ZeRO and TP about alike in speed; "
-                 "they differ in memory and in how much the model must change.")
-        choices = [
-            Recommendation(pp_label, f"cuts the layers into {gpus_per_node} stages, one per GPU; only "
-                           "activations travel between GPUs, but GPUs idle while the pipeline fills (the "
-                           "bubble) and the model must be split into stages"
-                           # 1F1B: the first stage keeps p micro-batches of L/p layers (Korthikanti §4.2.3)
-                           + ("; the first stage holds as many activations as one GPU would" if with_acts
-                              else ""), pp_label),
-            Recommendation(z3, f"shards weights, gradients and optimizer state over {n} GPUs with no change to "
-                           "the model; gathers each layer's weights as it runs (1.5× DDP's traffic); "
-                           "activations are not sharded", z3),
-            Recommendation(tp_label, f"splits every weight matrix, and the activations, over {gpus_per_node} "
-                           "GPUs; all-reduces activations in every layer, so it needs NVLink and layers "
-                           "written for it", tp_label)]
-        # alike in speed, so what fits comes first (stable: the guide's order otherwise)
-        recs.extend(sorted(choices, key=lambda r: memory[r.layout].total > gpu))
-    elif nodes == 1:
+# -- the guide's rules, one situation each: (the guide's words, the recommendations) ---------------------------
+
+
+def _layer_too_large(c: _Layouts) -> tuple[str, list[Recommendation]]:
+    guide = "The guide: tensor parallelism, or ZeRO-3 with the single-GPU techniques."
+    recs = []
+    if c.fits(c.tp) or c.nodes == 1:
+        recs.append(Recommendation(c.tp, "the only way to split a layer: each GPU holds a slice of "
+                                   "every weight matrix (pipeline parallelism moves whole layers)", c.tp))
+    else:  # TP splits the layers; it alone does not hold the model: pipeline stages across nodes do the rest
+        both = c.tp_and_pp(1)
+        recs.append(Recommendation(both, f"TP splits every layer, the largest included; TP {c.gpus_per_node} "
+                                   f"alone needs {c.memory[c.tp].total / GB:.0f} GB per GPU, so pipeline "
+                                   "stages across nodes divide the layers until it fits", both))
+    recs.append(Recommendation(c.z3 + " + offload/checkpointing", "gathers one layer at a time; CPU offload "
+                               "and activation checkpointing make room for it; no change to the model, "
+                               "but more traffic", c.z3))
+    return guide, recs
+
+
+def _fits_one_gpu(c: _Layouts) -> tuple[str, list[Recommendation]]:
+    guide = "The guide: replicate it (DDP); ZeRO may be faster or slower, so measure."
+    return guide, [
+        Recommendation(c.ddp, "every GPU holds a whole copy and all-reduces gradients after "
+                       "backward: the simplest, usually the fastest", c.ddp),
+        Recommendation(c.zero, "shards optimizer state (stage 1) and more over the GPUs, freeing "
+                       "memory for a larger micro-batch; may be faster or slower than DDP: "
+                       "measure both on your setup", None)]
+
+
+def _one_node(c: _Layouts, intra_node: str, with_acts: bool) -> tuple[str, list[Recommendation]]:
+    """One node, and the model does not fit one GPU."""
+    if intra_node == "pcie":
         guide = "Over PCIe the guide finds pipeline parallelism fastest."
-        recs.append(Recommendation(pp_label, "only activations cross PCIe, once per stage boundary; the "
-                                   "model must be split into stages", pp_label))
-        recs.append(Recommendation(z3, "no change to the model, but it gathers every layer's weights over "
-                                   "PCIe at every step: slower than PP there", z3))
-    else:
-        if inter_node == "fast":
-            guide = "Fast links between nodes: the guide offers ZeRO, or PP + TP + DP."
-            recs.append(Recommendation(zero if fits_one else z3, "almost no changes to the model, but "
-                                       "the most traffic between nodes (weights gathered at every step)", z3))
-            recs.append(Recommendation(three_label, "less communication than ZeRO, but the model must be "
-                                       "rewritten for TP and PP (ZeRO-1 where DP has replicas)", three_label))
-        else:
-            guide = "Slow links between nodes: the guide offers DP + PP + TP + ZeRO-1."
-            recs.append(Recommendation(three_label, "TP inside nodes, PP across them (only activations cross "
-                                       "the slow links), DP over the rest, ZeRO-1 to shard optimizer "
-                                       "states over its replicas", three_label))
-        if fits_one:
-            recs.insert(0, Recommendation(ddp, "plain data parallelism, the simplest start: a whole copy per "
-                                          "GPU, gradients all-reduced across nodes once per step", ddp))
+        return guide, [
+            Recommendation(c.pp, "only activations cross PCIe, once per stage boundary; the "
+                           "model must be split into stages", c.pp),
+            Recommendation(c.z3, "no change to the model, but it gathers every layer's weights over "
+                           "PCIe at every step: slower than PP there", c.z3)]
+    guide = ("With NVLink/NVSwitch inside the node the guide finds PP, ZeRO and TP about alike in speed; "
+             "they differ in memory and in how much the model must change.")
+    choices = [
+        Recommendation(c.pp, f"cuts the layers into {c.gpus_per_node} stages, one per GPU; only "
+                       "activations travel between GPUs, but GPUs idle while the pipeline fills (the "
+                       "bubble) and the model must be split into stages"
+                       # 1F1B: the first stage keeps p micro-batches of L/p layers (Korthikanti §4.2.3)
+                       + ("; the first stage holds as many activations as one GPU would" if with_acts
+                          else ""), c.pp),
+        Recommendation(c.z3, f"shards weights, gradients and optimizer state over {c.n} GPUs with no change to "
+                       "the model; gathers each layer's weights as it runs (1.5× DDP's traffic); "
+                       "activations are not sharded", c.z3),
+        Recommendation(c.tp, f"splits every weight matrix, and the activations, over {c.gpus_per_node} "
+                       "GPUs; all-reduces activations in every layer, so it needs NVLink and layers "
+                       "written for it", c.tp)]
+    # alike in speed, so what fits comes first (stable: the guide's order otherwise)
+    return guide, sorted(choices, key=lambda r: not c.fits(r.layout))
 
-    if with_acts:
-        need = (f"{one.total / GB:.1f} GB ({one.model_states / GB:.1f} GB model states + "
-                f"{one.activations / GB:.1f} GB activations)")
-    else:
-        need = f"{one.total / GB:.1f} GB of model states"
-    summary = f"{fit} One GPU needs {need}; it has {gpu_memory_gb:g} GB. {guide}"
 
-    notes = [f"Ψ = {num_params / 1e9:.3g} B parameters; {per_param:g} bytes/parameter of model states "
-             f"({precision}, {optimizer})"]
-    if with_acts:
+def _several_nodes(c: _Layouts, inter_node: str, fits_one: bool) -> tuple[str, list[Recommendation]]:
+    if inter_node == "fast":
+        guide = "Fast links between nodes: the guide offers ZeRO, or PP + TP + DP."
+        recs = [Recommendation(c.zero if fits_one else c.z3, "almost no changes to the model, but "
+                               "the most traffic between nodes (weights gathered at every step)", c.z3),
+                Recommendation(c.three, "less communication than ZeRO, but the model must be "
+                               "rewritten for TP and PP (ZeRO-1 where DP has replicas)", c.three)]
+    else:
+        guide = "Slow links between nodes: the guide offers DP + PP + TP + ZeRO-1."
+        recs = [Recommendation(c.three, "TP inside nodes, PP across them (only activations cross "
+                               "the slow links), DP over the rest, ZeRO-1 to shard optimizer "
+                               "states over its replicas", c.three)]
+    if fits_one:
+        recs.insert(0, Recommendation(c.ddp, "plain data parallelism, the simplest start: a whole copy per "
+                                      "GPU, gradients all-reduced across nodes once per step", c.ddp))
+    return guide, recs
+
+
+def _notes(c: _Layouts, recs: list, num_params: int, config, micro_batch: int, seq_len: int | None,
+           checkpointing: bool) -> list[str]:
+    """What the advice rests on and leaves out. ``config``: the model's, when activations were counted."""
+    one = c.memory["1 GPU"]
+    act = c.act
+    notes = [f"Ψ = {num_params / 1e9:.3g} B parameters; {one.model_states / num_params:g} bytes/parameter of "
+             f"model states ({act['precision']}, {act['optimizer']})"]
+    if config is not None:
         tokens = seq_len or getattr(config, "max_position_embeddings", None)
         notes.append(f"activations: micro-batch {micro_batch} × {tokens} tokens per GPU"
                      + (", checkpointed (each layer's input kept, the rest recomputed)" if checkpointing else ""))
         positions = getattr(config, "max_position_embeddings", None)
         if seq_len and positions and seq_len > positions:
             notes.append(f"seq_len={seq_len} is longer than the model's {positions} positions")
-        if not fits_one and one.model_states <= gpu:
+        if one.total > c.gpu and one.model_states <= c.gpu:
             # the guide: exhaust the single-GPU techniques before reaching for more GPUs
             line = "model states alone fit one GPU; activations push it over"
             if not checkpointing:
-                saved = est(checkpointing=True)
+                saved = c.estimate(checkpointing=True)
                 line += (f": with activation checkpointing one GPU needs {saved.total / GB:.1f} GB"
-                         + (" and it fits" if saved.total <= gpu else ""))
+                         + (" and it fits" if saved.total <= c.gpu else ""))
             notes.append(line + "; a smaller micro-batch also helps")
     elif micro_batch:
         notes.append("activations not counted: num_params= gives no architecture (give a preset or config)")
     else:
         notes.append("model states only (micro_batch=0): activations come on top")
-    if not any(memory[r.layout].total <= gpu for r in recs if r.layout):
+    if not any(c.fits(r.layout) for r in recs if r.layout):
         notes.append("none of these layouts fits: add GPUs, or save memory (activation checkpointing, "
                      "CPU offload, a smaller micro-batch)")
-    if gpus_per_node > 8:
+    if c.gpus_per_node > 8:
         notes.append("TP degree is capped at the GPUs per node: TP's all-reduces need the fast intra-node link")
-    return Advice(recs, memory, gpu, fits_one, layer_fits, notes, summary)
+    return notes

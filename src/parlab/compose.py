@@ -135,21 +135,7 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
     optimizer_kwargs: the optimizer class and its arguments (default ``{"lr": 0.05}``). on_collective:
     passed to the course's strategies, which report each collective to it.
     """
-    _choice("data_parallel", data_parallel, DATA_PARALLEL)
-    _choice("tensor_parallel", tensor_parallel, TENSOR_PARALLEL)
-    _choice("pipeline", pipeline, PIPELINES)
-    _choice("schedule", schedule, SCHEDULES)
-    positive_int("num_micro_batches", num_micro_batches, "micro-batches per pipeline step")
-    if topology.mesh is None:
-        raise ValueError("topology has no DeviceMesh: build it on the ranks with Topology.build(...) or "
-                         "topology.built()")
-    if topology.tp > 1 and tensor_parallel == "dtensor" and topology.dp > 1:
-        if data_parallel == "ddp":
-            raise ValueError("PyTorch's DDP does not take the DTensor parameters that tensor parallelism makes: "
-                             "with tp > 1 use data_parallel='fsdp' or 'course-ddp'")
-        if data_parallel == "course-zero1":
-            raise ValueError("the course's ZeRO-1 lays parameters into one flat buffer, which DTensor parameters "
-                             "cannot join: with tensor_parallel='dtensor' use data_parallel='fsdp'")
+    _check(topology, data_parallel, tensor_parallel, pipeline, schedule, num_micro_batches)
     device = runtime.device()
     kind = model_kind(model.to(device))
     optimizer_kwargs = {"lr": 0.05} if optimizer_kwargs is None else optimizer_kwargs
@@ -188,6 +174,26 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
         stage = PipelineStage(module, topology.pp_stage, topology.pp, device, group=topology.group("pp"))
         runner = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule](stage, num_micro_batches, loss_fn=loss_fn)
     return Parallelized(topology, part, loss_fn, opt, runner, stage, after_backward)
+
+
+def _check(topology: Topology, data_parallel: str, tensor_parallel: str, pipeline: str, schedule: str,
+           num_micro_batches: int) -> None:
+    """:func:`parallelize`'s choices, each one of its kind, and the pairs of them that cannot work together."""
+    _choice("data_parallel", data_parallel, DATA_PARALLEL)
+    _choice("tensor_parallel", tensor_parallel, TENSOR_PARALLEL)
+    _choice("pipeline", pipeline, PIPELINES)
+    _choice("schedule", schedule, SCHEDULES)
+    positive_int("num_micro_batches", num_micro_batches, "micro-batches per pipeline step")
+    if topology.mesh is None:
+        raise ValueError("topology has no DeviceMesh: build it on the ranks with Topology.build(...) or "
+                         "topology.built()")
+    if topology.tp > 1 and tensor_parallel == "dtensor" and topology.dp > 1:
+        if data_parallel == "ddp":
+            raise ValueError("PyTorch's DDP does not take the DTensor parameters that tensor parallelism makes: "
+                             "with tp > 1 use data_parallel='fsdp' or 'course-ddp'")
+        if data_parallel == "course-zero1":
+            raise ValueError("the course's ZeRO-1 lays parameters into one flat buffer, which DTensor parameters "
+                             "cannot join: with tensor_parallel='dtensor' use data_parallel='fsdp'")
 
 
 def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwargs, on_collective, pipelined):

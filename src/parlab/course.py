@@ -111,9 +111,6 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
     with the asserts it reaches (:func:`record_asserts`; a first cell, tagged ``parlab-record-asserts``,
     turns the recording on, so the executed copy shows it).
     """
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
     path = pathlib.Path(path).resolve()
     output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -132,29 +129,10 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
         launch_log = output_dir / f"{path.stem}.launches.jsonl"
         launch_log.write_text("")
         os.environ[LAUNCH_LOG] = str(launch_log.resolve())  # the kernel inherits it
-    error = ""
-    source = str(path)
-    if record_asserts is not None:
-        record_path = pathlib.Path(record_asserts).resolve()
-        record_path.parent.mkdir(parents=True, exist_ok=True)
-        record_path.write_text("")
-        cell = nbformat.v4.new_code_cell(
-            f"import parlab.course\nparlab.course.record_asserts(get_ipython(), {str(record_path)!r})")
-        cell.metadata["tags"] = [RECORD_TAG]
-        notebook.cells.insert(0, cell)
-        source = notebook
+    source = _recording_asserts(notebook, record_asserts) if record_asserts is not None else str(path)
     try:
-        with _kernel_sockets() as channels:
-            papermill.execute_notebook(
-                source, str(out), parameters=parameters, kernel_name="python3",
-                cwd=str(pathlib.Path(cwd).resolve() if cwd is not None else path.parent),
-                progress_bar=progress, execution_timeout=cell_timeout, **channels,
-            )
-    except PapermillExecutionError as exc:
-        # In [N] as the executed copy shows it (papermill's injected parameters are a cell there too)
-        error = f"In [{exc.exec_count}]: {exc.ename}: {_first_line(exc.evalue)}"
-    except Exception as exc:  # noqa: BLE001 - a dead kernel, a cell timeout: reported as the chapter's failure
-        error = f"{type(exc).__name__}: {_first_line(str(exc))}"
+        error = _execute(source, out, parameters, pathlib.Path(cwd).resolve() if cwd is not None else path.parent,
+                         progress, cell_timeout)
     finally:
         if launch_log is not None:
             os.environ.pop(LAUNCH_LOG, None)
@@ -166,6 +144,38 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
         wrong, on_cpu = gpu_launches(launch_log, gpus)
         error = error or wrong
     return ChapterResult(path.stem, not error, seconds, error, out if out.exists() else None, on_cpu)
+
+
+def _recording_asserts(notebook, record_asserts):
+    """``notebook`` with a first cell, tagged ``parlab-record-asserts``, that records the asserts it reaches
+    into the file ``record_asserts`` (emptied now)."""
+    record_path = pathlib.Path(record_asserts).resolve()
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    record_path.write_text("")
+    cell = nbformat.v4.new_code_cell(
+        f"import parlab.course\nparlab.course.record_asserts(get_ipython(), {str(record_path)!r})")
+    cell.metadata["tags"] = [RECORD_TAG]
+    notebook.cells.insert(0, cell)
+    return notebook
+
+
+def _execute(source, out: pathlib.Path, parameters: dict, cwd: pathlib.Path, progress, cell_timeout: float) -> str:
+    """Run ``source`` (a path or a notebook) with papermill into ``out``; "" or what failed, in one line."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    try:
+        with _kernel_sockets() as channels:
+            papermill.execute_notebook(
+                source, str(out), parameters=parameters, kernel_name="python3", cwd=str(cwd),
+                progress_bar=progress, execution_timeout=cell_timeout, **channels,
+            )
+    except PapermillExecutionError as exc:
+        # In [N] as the executed copy shows it (papermill's injected parameters are a cell there too)
+        return f"In [{exc.exec_count}]: {exc.ename}: {_first_line(exc.evalue)}"
+    except Exception as exc:  # noqa: BLE001 - a dead kernel, a cell timeout: reported as the chapter's failure
+        return f"{type(exc).__name__}: {_first_line(str(exc))}"
+    return ""
 
 
 def gpu_launches(log, gpus: int) -> tuple[str, str]:

@@ -63,16 +63,9 @@ def _find_notebook(notebook: str) -> str:
         f"with papermill, pass --cwd).")
 
 
-def export_function(notebook: str, function: str, args=(), world_size: int = 4, script: str = "script.py") -> str:
-    """The text of a script that runs ``function`` from ``notebook`` on ``world_size`` ranks."""
-    try:
-        literal = ast.literal_eval(repr(list(args))) == list(args)
-    except (ValueError, SyntaxError):
-        literal = False
-    if not literal:
-        raise ValueError(f"args must be Python literals (numbers, strings, lists, dicts); got {args!r}")
-    nb = nbformat.read(_find_notebook(notebook), as_version=4)
-    imports, definitions = [], []  # (node, source text), in notebook order
+def _statements(nb) -> tuple[list, list]:
+    """(imports, definitions) of the notebook's code cells: (node, source text) each, in notebook order."""
+    imports, definitions = [], []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -87,12 +80,11 @@ def export_function(notebook: str, function: str, args=(), world_size: int = 4, 
                 imports.append((node, text))
             elif isinstance(node, _DEFINITIONS):
                 definitions.append((node, text))
-    if not any(function in _defined(n) and not isinstance(n, (ast.Assign, ast.AnnAssign))
-               for n, _ in definitions):
-        names = sorted({name for n, _ in definitions if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        for name in _defined(n)})
-        raise ValueError(f"no function named {function!r} is defined in {notebook}; functions there: "
-                         f"{', '.join(names) or 'none'}")
+    return imports, definitions
+
+
+def _needed(definitions: list, function: str) -> set[int]:
+    """The indices of the definitions ``function`` needs, itself included."""
     # A function looks its globals up when it runs, i.e. after the whole notebook ran: take the last
     # definition of each needed name, then what that definition needs, until nothing new is needed.
     last = {}
@@ -105,6 +97,25 @@ def export_function(notebook: str, function: str, args=(), world_size: int = 4, 
         if name in last and last[name] not in keep:
             keep.add(last[name])
             needed |= _used(definitions[last[name]][0])
+    return keep
+
+
+def export_function(notebook: str, function: str, args=(), world_size: int = 4, script: str = "script.py") -> str:
+    """The text of a script that runs ``function`` from ``notebook`` on ``world_size`` ranks."""
+    try:
+        literal = ast.literal_eval(repr(list(args))) == list(args)
+    except (ValueError, SyntaxError):
+        literal = False
+    if not literal:
+        raise ValueError(f"args must be Python literals (numbers, strings, lists, dicts); got {args!r}")
+    imports, definitions = _statements(nbformat.read(_find_notebook(notebook), as_version=4))
+    if not any(function in _defined(n) and not isinstance(n, (ast.Assign, ast.AnnAssign))
+               for n, _ in definitions):
+        names = sorted({name for n, _ in definitions if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        for name in _defined(n)})
+        raise ValueError(f"no function named {function!r} is defined in {notebook}; functions there: "
+                         f"{', '.join(names) or 'none'}")
+    keep = _needed(definitions, function)
     body = "\n\n\n".join(definitions[i][1] for i in sorted(keep))
     used = set().union(*(_used(definitions[i][0]) for i in keep))
     kept_imports = [text for node, text in imports if _bound(node) & used]

@@ -53,6 +53,26 @@ def _coalesced(tensors, limit: int = COALESCE_BYTES):
         yield run
 
 
+@torch.no_grad()
+def _broadcast_coalesced(tensors, comm) -> None:
+    """``comm.broadcast_coalesced``: rank 0's ``tensors``, packed into ≤ 10 MiB buffers, onto every rank."""
+    for run in _coalesced(tensors):
+        flat = _flatten_dense_tensors(run)  # (sum of numel,): one buffer
+        comm("broadcast", flat, "replicate")
+        for t, part in zip(run, _unflatten_dense_tensors(flat, run)):
+            t.copy_(part)
+
+
+def _reduce_add_coalesced(grads, comm, rank: int) -> None:
+    """``comm.reduce_add_coalesced``: every rank's ``grads``, summed into rank 0's, in ≤ 10 MiB buffers."""
+    for run in _coalesced(grads):
+        flat = _flatten_dense_tensors(run)
+        comm("reduce", flat, "gradients")
+        if rank == 0:
+            for g, part in zip(run, _unflatten_dense_tensors(flat, run)):
+                g.copy_(part)
+
+
 def dataparallel_step(model, batch: torch.Tensor, optimizer=None, timeline=None,
                       on_collective: OnCollective | None = None) -> float | None:
     """One DataParallel step on global ``batch`` (global batch, seq) token ids; returns the loss on rank 0.
@@ -79,12 +99,7 @@ def dataparallel_step(model, batch: torch.Tensor, optimizer=None, timeline=None,
     comm("scatter", mine, "inputs", chunks=list(batch.chunk(n)) if rank == 0 else None)
     # 2. replicate: rank 0's parameters, packed into ≤ 10 MiB buffers, broadcast
     params = [p for p in model.parameters() if p.requires_grad]
-    with torch.no_grad():
-        for run in _coalesced([*params, *model.buffers()]):
-            flat = _flatten_dense_tensors(run)  # (sum of numel,): what comm.broadcast_coalesced sends
-            comm("broadcast", flat, "replicate")
-            for t, part in zip(run, _unflatten_dense_tensors(flat, run)):
-                t.copy_(part)
+    _broadcast_coalesced([*params, *model.buffers()], comm)
     # 3. forward: each replica computes its own loss on its own slice
     with span("forward"):
         out = model(input_ids=mine, labels=mine)
@@ -108,12 +123,7 @@ def dataparallel_step(model, batch: torch.Tensor, optimizer=None, timeline=None,
     with span("backward"):
         out.loss.backward(share)
     #    ... and the replicas' gradients are summed on rank 0, in ≤ 10 MiB buffers
-    for run in _coalesced([p.grad for p in params]):
-        flat = _flatten_dense_tensors(run)
-        comm("reduce", flat, "gradients")
-        if rank == 0:
-            for g, part in zip(run, _unflatten_dense_tensors(flat, run)):
-                g.copy_(part)
+    _reduce_add_coalesced([p.grad for p in params], comm, rank)
     if rank != 0:  # a replica's gradients live only until they are reduced
         model.zero_grad(set_to_none=True)
     # 6. step, on rank 0 alone

@@ -48,19 +48,20 @@ and :mod:`~parlab.planner.published` (the runs it is checked against). Every nam
 ``from parlab.planner import predict``.
 """
 
-from parlab.planner.hardware import (A100, BUCKET_BYTES, GPU, H100, LINKS, OPS, OPTIMIZER_BYTES_PER_PARAM,
+from parlab.planner.hardware import (A100, BUCKET_BYTES, GPU, H100, H100_UTILIZATION, LINKS, OPS, OPTIMIZER_BYTES_PER_PARAM,
                                      UTILIZATION, Cluster, Link, cluster_of, collective_seconds, fitted_link,
                                      ring_costs)
-from parlab.planner.data_parallel import IMPLEMENTATIONS, RESHARDS, STRATEGIES, ddp_buckets, predict_dp_step
+from parlab.planner.data_parallel import IMPLEMENTATIONS, RESHARDS, STRATEGIES, ddp_buckets, predict_dp_step, zero3_step
 from parlab.planner.workload import ATTENTIONS, RECOMPUTES, Layout, Workload, root_params, stage_layers, stage_params
 from parlab.planner.memory import stage_memory, zero3_working_set
 from parlab.planner.step import TERMS, Prediction, predict
 from parlab.planner.search import candidates, layout_of
-from parlab.planner.published import (CALIBRATION_RUNS, HELD_OUT_RUNS, PUBLISHED_RUNS, PublishedRun,
+from parlab.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H100_HELD_OUT_RUNS, HELD_OUT_RUNS,
+                                      PUBLISHED_RUNS, PublishedRun,
                                       baseline_step, baseline_utilization, calibrated_utilization, eq3_flops)
 
-__all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
+__all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
            "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",
-           "root_params", "stage_layers", "stage_memory", "stage_params"]
+           "root_params", "stage_layers", "stage_memory", "stage_params", "zero3_step"]

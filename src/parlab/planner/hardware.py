@@ -113,8 +113,12 @@ H100 = GPU("H100 SXM5 80 GB", 80e9, 989e12, 3.35e12,
 #: of :data:`~parlab.planner.published.HELD_OUT_RUNS` (Table 2) fitted nothing. Their own figures bracket it:
 #: 44 % of peak for a data-parallel-only GPT 1.7B and 52 % for GPT 1T, both including bubble and
 #: communication (Narayanan et al. 2021, Table 1); PaLM's 57.8 % HFU on TPUs (Chowdhery et al. 2022,
-#: Appendix B). No H100 run is fitted: H100 predictions carry the A100's share, an assumption.
+#: Appendix B).
 UTILIZATION = 0.62
+#: The same share for the H100 (:func:`cluster_of` ``"h100"``), its generation's one fitted constant: fitted on
+#: :data:`~parlab.planner.published.H100_CALIBRATION_RUNS` (MosaicML's MPT 7B at 4k and 8k tokens on 8 H100s);
+#: the long-sequence rows of :data:`~parlab.planner.published.H100_HELD_OUT_RUNS` fitted nothing.
+H100_UTILIZATION = 0.56
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB
@@ -164,7 +168,8 @@ def cluster_of(name: str, nodes: int = 1, **changes) -> Cluster:
     ``"pcie"``, 8 A100s on PCIe with the same adapters; ``"h100"``, DGX H100 (NVLink 4, 8 × NDR).
     ``changes`` replace other fields (``inter=LINKS[...]``, ``gpu=...``)."""
     kinds = {"nvlink": dict(intra=LINKS["nvlink"]), "pcie": dict(intra=LINKS["pcie"]),
-             "h100": dict(gpu=H100, intra=LINKS["nvlink4"], inter=LINKS["infiniband_ndr"])}
+             "h100": dict(gpu=H100, intra=LINKS["nvlink4"], inter=LINKS["infiniband_ndr"],
+                          utilization=H100_UTILIZATION)}
     if name not in kinds:
         raise ValueError(f"name={name!r}; choose 'nvlink', 'pcie' or 'h100' (the kind of node)")
     return replace(Cluster(nodes=nodes, **kinds[name]), **changes)

@@ -459,7 +459,8 @@ def test_h100_runs_fit_one_constant_and_attention_sets_long_sequences():
     (the planner prices a fused attention kernel at the matrix products' rate). Leaving attention's FLOPs
     out sends the 32k row 66 % fast: the term the short A100 rows barely see."""
     assert abs(planner.calibrated_utilization(planner.H100_CALIBRATION_RUNS) - planner.H100_UTILIZATION) < 0.02
-    assert planner.cluster_of("h100").utilization == planner.H100_UTILIZATION
+    assert planner.cluster_of("h100").utilization == planner.Cluster(gpu=planner.H100).utilization == planner.H100_UTILIZATION
+    assert planner.Cluster().utilization == planner.UTILIZATION  # the A100's
     errors = {run.name: run.predict().step_s / run.step_s - 1
               for run in planner.H100_CALIBRATION_RUNS + planner.H100_HELD_OUT_RUNS}
     assert all(abs(errors[run.name]) <= 0.20 for run in planner.H100_CALIBRATION_RUNS[:2] + planner.H100_HELD_OUT_RUNS[:1]), errors

@@ -3,7 +3,7 @@ fitted constant was found."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from parlab.planner.hardware import Cluster, cluster_of
 from parlab.planner.step import Prediction, predict

@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parlab.measure.memory import MemoryEstimate, estimate_memory
-from parlab.planner import GPU, Link
+from parlab.planner import H100 as _H100
+from parlab.planner import Link
 
-#: The GPU Llama 3 trained on (§3.3.1: H100s with 80 GB HBM3); peak dense bf16 from NVIDIA's datasheet.
-H100 = GPU("H100 SXM 80 GB", 80e9, 989e12, 3.35e12, "NVIDIA H100 datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s")
+#: The GPU Llama 3 trained on (§3.3.1: H100s with 80 GB HBM3): the planner's H100 (NVIDIA's datasheet).
+H100 = _H100
 #: Llama 3's fabric between nodes: 400 Gb/s per GPU (Dubey et al. 2024, §3.3.1: RoCE and InfiniBand
 #: clusters "with 400 Gbps interconnects between GPUs"), 50 GB/s one way; α assumed as for InfiniBand.
 LLAMA3_FABRIC = Link("RoCE 400 Gb/s per GPU (Llama 3)", 5e-6, 400e9 / 8,
@@ -105,7 +106,7 @@ def llama3_128k(sequence_parallel: bool = True, zero_stage: int = 1, checkpointi
     """Llama 3 405B at 128k tokens on its published layout, priced: memory per GPU (with CP, and what the
     same layout would need without it), and ring attention's bytes and one ring step by the α-β model."""
     from parlab.parallel.context import cp_step, overlap_chunk
-    from parlab.planner import UTILIZATION
+    from parlab.planner import H100_UTILIZATION
 
     config, lay = llama3_405b(), LLAMA3_128K
     world = lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"]
@@ -117,7 +118,7 @@ def llama3_128k(sequence_parallel: bool = True, zero_stage: int = 1, checkpointi
     heads, kv = config.num_attention_heads // lay["tp"], config.num_key_value_heads // lay["tp"]
     head_dim = config.hidden_size // config.num_attention_heads
     link = LLAMA3_FABRIC  # a cp group of 16 spans nodes of 8 GPUs (tp fills each node): one GPU's adapter
-    flops = H100.flops * UTILIZATION
+    flops = H100.flops * H100_UTILIZATION  # the H100's fitted share
     step = cp_step(lay["seq_len"], lay["cp"], heads=heads, kv_heads=kv, head_dim=head_dim, flops=flops,
                    alpha=link.alpha, bandwidth=link.bandwidth)
     return {"world_size": world, "memory": with_cp, "memory_without_cp": without, "gpu": H100, "link": link,

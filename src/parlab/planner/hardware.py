@@ -1,5 +1,6 @@
 """The machine (chapter 07; chapters 02, 04, 05 and 06 use its links and collectives): links and their α-β
-costs on a ring, GPUs, a cluster of nodes, and the one fitted constant (:data:`UTILIZATION`)."""
+costs on a ring, GPUs, a cluster of nodes, and one fitted constant per GPU generation (:data:`UTILIZATION`,
+:data:`H100_UTILIZATION`)."""
 
 from __future__ import annotations
 
@@ -107,14 +108,18 @@ H100 = GPU("H100 SXM5 80 GB", 80e9, 989e12, 3.35e12,
            "NVIDIA H100 datasheet (SXM): 989 TFLOP/s dense bf16 (1,979 with sparsity), 3.35 TB/s HBM3")
 #: Share of peak FLOP/s the GPU reaches on the FLOPs it executes (hardware FLOPs utilisation of the
 #: computation: recomputation counted; the bubble and exposed communication are priced apart, not in it).
-#: The planner's one fitted constant, for the A100 generation only: fitted on the five runs of
+#: The planner's one fitted constant for the A100 generation: fitted on the five runs of
 #: :data:`~parlab.planner.published.CALIBRATION_RUNS` (Narayanan et al. 2021 Table 1's four rows, BLOOM 176B:
 #: the value that centres their errors, :func:`~parlab.planner.published.calibrated_utilization`); the runs
 #: of :data:`~parlab.planner.published.HELD_OUT_RUNS` (Table 2) fitted nothing. Their own figures bracket it:
 #: 44 % of peak for a data-parallel-only GPT 1.7B and 52 % for GPT 1T, both including bubble and
 #: communication (Narayanan et al. 2021, Table 1); PaLM's 57.8 % HFU on TPUs (Chowdhery et al. 2022,
-#: Appendix B). No H100 run is fitted: H100 predictions carry the A100's share, an assumption.
+#: Appendix B).
 UTILIZATION = 0.62
+#: The same share for the H100 (:func:`cluster_of` ``"h100"``), its generation's one fitted constant: fitted on
+#: :data:`~parlab.planner.published.H100_CALIBRATION_RUNS` (MosaicML's MPT 7B at 4k and 8k tokens on 8 H100s);
+#: the long-sequence rows of :data:`~parlab.planner.published.H100_HELD_OUT_RUNS` fitted nothing.
+H100_UTILIZATION = 0.56
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB
@@ -125,15 +130,20 @@ BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 class Cluster:
     """``nodes`` × ``gpus_per_node`` GPUs; ``intra``: the link inside a node, ``inter``: between nodes (per
     GPU: a node's adapters shared by its GPUs). ``overlap``: collectives run beside computation (GPUs) or
-    take turns with it (CPU ranks). ``utilization``: :data:`UTILIZATION`."""
+    take turns with it (CPU ranks). ``utilization``: the GPU's share of peak; by default its generation's fitted one,
+    :data:`H100_UTILIZATION` for the :data:`H100`, else :data:`UTILIZATION` (the A100's)."""
 
     gpu: GPU = A100
     gpus_per_node: int = 8
     nodes: int = 1
     intra: Link = LINKS["nvlink"]
     inter: Link = LINKS["infiniband"]
-    utilization: float = UTILIZATION
+    utilization: float | None = None
     overlap: bool = True
+
+    def __post_init__(self):
+        if self.utilization is None:  # the GPU generation's fitted share
+            object.__setattr__(self, "utilization", H100_UTILIZATION if self.gpu == H100 else UTILIZATION)
 
     @property
     def world_size(self) -> int:

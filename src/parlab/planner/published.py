@@ -3,7 +3,7 @@ fitted constant was found."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from parlab.planner.hardware import Cluster, cluster_of
 from parlab.planner.step import Prediction, predict
@@ -22,8 +22,10 @@ def eq3_flops(batch: int, seq_len: int, layers: int, hidden: int, vocab: int) ->
 @dataclass(frozen=True)
 class PublishedRun:
     """A training run whose inputs and outcome are published: the model's shape, the layout, the batch and
-    the published seconds per step. All on DGX A100 80 GB nodes (8 GPUs, NVSwitch, 8 × 200 Gb/s HDR), bf16
-    or fp16, sequences of 2048, full activation recomputation unless ``recompute`` says otherwise."""
+    the published seconds per step. On DGX A100 80 GB nodes (8 GPUs, NVSwitch, 8 × 200 Gb/s HDR) unless
+    ``nodes_kind`` says ``"h100"`` (DGX H100: :func:`~parlab.planner.hardware.cluster_of`), bf16 or fp16,
+    sequences of ``seq_len`` (2048), full activation recomputation unless ``recompute`` says otherwise;
+    ``attention`` ``"eager"`` (Megatron's softmax of 2021-22 keeps the s × s scores) unless a fused kernel ran."""
 
     name: str
     shape: tuple  # layers, hidden, heads, vocabulary
@@ -36,10 +38,17 @@ class PublishedRun:
     implementation: str = "megatron"
     recompute: str = "full"
     sequence_parallel: bool = False
+    seq_len: int = 2048
+    attention: str = "eager"
+    nodes_kind: str = "nvlink"
 
     @property
     def nodes(self) -> int:
-        return self.layout.dp * self.layout.tp * self.layout.pp // 8
+        return max(1, self.layout.dp * self.layout.tp * self.layout.pp // 8)
+
+    def cluster(self, **changes) -> Cluster:
+        """The nodes it ran on (``changes``: other fields, e.g. ``utilization=``)."""
+        return cluster_of(self.nodes_kind, self.nodes, **changes)
 
     def workload(self) -> Workload:
         from transformers import BloomConfig, GPT2Config
@@ -47,16 +56,17 @@ class PublishedRun:
         layers, hidden, heads, vocab = self.shape
         config = (BloomConfig(hidden_size=hidden, n_layer=layers, n_head=heads, vocab_size=vocab)
                   if self.family == "bloom" else
+                  GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=2048,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0) if self.family == "mpt" else
                   GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=2048))
-        # no fused attention in 2021-22: Megatron's softmax kernel keeps the s × s scores
-        return Workload(config, global_batch=self.global_batch, seq_len=2048, micro_batch=self.micro_batch,
-                        recompute=self.recompute, sequence_parallel=self.sequence_parallel, attention="eager")
+        return Workload(config, global_batch=self.global_batch, seq_len=self.seq_len, micro_batch=self.micro_batch,
+                        recompute=self.recompute, sequence_parallel=self.sequence_parallel, attention=self.attention)
 
     def predict(self, cluster: Cluster | None = None, **options) -> Prediction:
         """The planner's prediction of this run on its hardware; ``options`` go to :func:`predict`
         (``without=``, to leave a cost term out)."""
-        return predict(self.workload(), self.layout, cluster or cluster_of("nvlink", self.nodes),
-                       implementation=self.implementation, **options)
+        return predict(self.workload(), self.layout, cluster or self.cluster(),
+                       **{"implementation": self.implementation, **options})
 
     @property
     def tflops(self) -> float:
@@ -106,6 +116,31 @@ def _korthikanti(name, recompute, mfu):
 
 MT_NLG = (105, 20480, 128, 51200)  # the 530B GPT of Korthikanti et al. 2022 (Table 3)
 
+def _mpt(name, seq_len, micro_batch, accumulation, tokens_per_gpu_s, checkpointing):
+    # MPT 7B (32 layers, d_model 4096, 32 heads, vocabulary 50,368; GELU MLP of 4·d, no biases) as a GPT-2
+    # of that shape; published tokens per second per GPU → seconds per step
+    batch = 8 * micro_batch * accumulation
+    return PublishedRun(name, (32, 4096, 32, 50368), Layout(dp=8, zero_stage=3), batch, micro_batch,
+                        batch * seq_len / (8 * tokens_per_gpu_s),
+                        f"MosaicML llm-foundry, scripts/train/benchmarking/README.md, table \"H100 80GB BF16\": MPT 7B, "
+                        f"seq {seq_len}, 8 H100 80 GB, FSDP FULL_SHARD, micro-batch {micro_batch}, gradient accumulation "
+                        f"{accumulation}, {tokens_per_gpu_s:,} tokens/s per GPU, activation checkpointing "
+                        f"{checkpointing}; flash attention (their MFU counts attention's 4·s²·h per layer)",
+                        family="mpt", implementation="course", recompute="full" if checkpointing else "none",
+                        seq_len=seq_len, attention="sdpa", nodes_kind="h100")
+
+
+#: H100 rows (one node of 8): :data:`~parlab.planner.hardware.H100_UTILIZATION` is fitted on the short
+#: sequences; the long ones, where attention's FLOPs are 1-2.5 × the weights', fitted nothing.
+H100_CALIBRATION_RUNS = (
+    _mpt("MPT 7B, 4k tokens", 4096, 16, 2, 8611, True),
+    _mpt("MPT 7B, 8k tokens", 8192, 8, 2, 6935, True),
+)
+H100_HELD_OUT_RUNS = (
+    _mpt("MPT 7B, 32k tokens", 32768, 2, 2, 3318, True),
+    _mpt("MPT 7B, 64k tokens", 65536, 1, 2, 1956, True),
+)
+
 #: The chapter's published runs (the calibration rows; :data:`HELD_OUT_RUNS` are checked apart).
 PUBLISHED_RUNS = CALIBRATION_RUNS
 
@@ -126,13 +161,17 @@ HELD_OUT_RUNS = (
 
 def calibrated_utilization(runs=PUBLISHED_RUNS) -> float:
     """The utilisation at which the median of ``runs``' predicted ÷ published step times is 1: how
-    :data:`UTILIZATION` was found (one figure for every run; bisection on the monotone median)."""
+    :data:`UTILIZATION` (from :data:`CALIBRATION_RUNS`) and ``H100_UTILIZATION`` (from
+    :data:`H100_CALIBRATION_RUNS`) were found: one figure for every run of one GPU (bisection on the monotone
+    median)."""
     import statistics
 
     workloads = [(run, run.workload()) for run in runs]
+    if len({run.nodes_kind == "h100" for run in runs}) != 1:
+        raise ValueError("runs mix GPU generations; fit one constant per generation")
 
     def median_ratio(u):
-        return statistics.median(predict(w, run.layout, replace(cluster_of("nvlink", run.nodes), utilization=u),
+        return statistics.median(predict(w, run.layout, run.cluster(utilization=u),
                                          implementation=run.implementation).step_s / run.step_s
                                  for run, w in workloads)
 
@@ -147,7 +186,7 @@ def baseline_step(run: PublishedRun, utilization: float) -> float:
     """The trivial model beside the planner: the FLOPs the run executes (recomputation counted) ÷ (GPUs ×
     peak × ``utilization``); no bubble, no communication, no memory-bound work."""
     gpus = run.layout.dp * run.layout.tp * run.layout.pp
-    return run.workload().hardware_flops() / (gpus * cluster_of("nvlink").gpu.flops * utilization)
+    return run.workload().hardware_flops() / (gpus * run.cluster().gpu.flops * utilization)
 
 
 def baseline_utilization(runs=CALIBRATION_RUNS) -> float:

@@ -75,103 +75,45 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
 
 def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
              reshard: str | None = None, chunks: int = 1, tp_overlap: bool = False, without=()) -> Prediction:
-    """:func:`predict` itself."""
-    topo = layout.topology
-    chunks = positive_int("chunks", chunks, "model chunks per pipeline rank (1: no interleaving)")
-    off = set(without)
-    if off - set(TERMS):
-        raise ValueError(f"without={sorted(off - set(TERMS))}: not cost terms; choose from {', '.join(TERMS)}")
-    if topo.world_size != cluster.world_size:
-        raise ValueError(f"layout {layout} uses {topo.world_size} ranks; the cluster has {cluster.world_size}")
-    if layout.zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage={layout.zero_stage!r} must be 0, 1, 2 or 3")
-    if reshard is None:
-        reshard = "after_step" if layout.pp > 1 else "after_forward"
-    w, (dp, tp, pp) = workload, (layout.dp, layout.tp, layout.pp)
-    if w.global_batch % (dp * w.micro_batch):
-        raise ValueError(f"global_batch={w.global_batch} does not split into dp={dp} replicas of micro-batches "
-                         f"of {w.micro_batch}")
-    m = w.global_batch // (dp * w.micro_batch)  # micro-batches per replica per step
-    stages = stage_layers(w, pp)
-    if chunks > 1 and (pp == 1 or chunks > min(stages)):
-        raise ValueError(f"chunks={chunks}: each of a pipeline rank's chunks needs at least one layer; "
-                         + ("pp=1 has no pipeline to interleave (use chunks=1)" if pp == 1 else
-                            f"{w.layers} layers on pp={pp} stages leave {min(stages)} on the smallest, so chunks "
-                            f"may be 1 to {min(stages)}"))
-    if "latency" in off:
-        cluster = replace(cluster, intra=replace(cluster.intra, alpha=0.0), inter=replace(cluster.inter, alpha=0.0))
+    """:func:`predict` itself: the checks, then the step part by part, the bytes and the memory."""
+    w, off = workload, set(without)
+    m, stages, reshard, chunks, cluster = _checked(w, layout, cluster, reshard, chunks, off)
+    dp, tp, pp = layout.dp, layout.tp, layout.pp
     # the slowest stage sets the pipeline's pace; the heaviest holds the most memory
     work = [n + (w.output_flops / w.layer_flops if s == pp - 1 else 0.0) for s, n in enumerate(stages)]
     slow = max(range(pp), key=work.__getitem__)
     psi = max(stage_params(w, pp)) / tp  # weights of the heaviest rank
-    tokens = w.micro_batch * w.seq_len
-    rate = cluster.gpu.flops * cluster.utilization
-    attention = 0.0 if "attention" in off else w.attention_flops
-    layer_flops = w.layer_flops - w.attention_flops + attention
-    layers_s = stages[slow] * layer_flops * tokens / tp / rate  # one micro-batch's forward of its layers
-    output_s = (w.output_flops * tokens / tp / rate) if slow == pp - 1 else 0.0
-    # the layers' memory-bound work: what they save for backward, read and written once per pass at HBM speed
-    if "memory_bound" not in off:
-        layers_s += stages[slow] * w.layer_bytes(tp) / cluster.gpu.memory_bandwidth
-    forward = layers_s + output_s
-    redo = {"full": layers_s, "selective": stages[slow] * attention * tokens / tp / rate}[w.recompute] \
-        if w.recompute != "none" and "recompute" not in off else 0.0
-    backward = 2 * forward + redo  # recomputation redoes the layers' forward (or its attention core)
-    activation = w.micro_batch * w.seq_len * w.hidden * w.value_bytes  # one (b, s, h) tensor
-    tp_link, pp_link = cluster.link(topo, "tp"), cluster.link(topo, "pp")
-    # Megatron's TP: two all-reduces forward and two backward per layer, two more when recomputing (SP's
-    # all-gather and reduce-scatter in their place move the same bytes in as many ring steps)
-    all_reduce = collective_seconds("all_reduce", activation, ring_costs(tp_link, tp)) if tp > 1 else 0.0
-    if "tp" in off:
-        all_reduce = 0.0
-    tp_forward = 2 * stages[slow] * all_reduce
-    tp_backward = (2 + (2 if w.checkpointing else 0)) * stages[slow] * all_reduce
+    layers_s, forward, backward = _computation(w, stages[slow], slow == pp - 1, tp, cluster, off)
+    tp_forward, tp_backward, p2p_s = _messages(w, layout, cluster, stages[slow], chunks, off)
     if tp_overlap:  # beside the layers' matrix products: only what they cannot cover is exposed
+        output_s = forward - layers_s
         tp_forward, tp_backward = max(0.0, tp_forward - layers_s), max(0.0, tp_backward - (backward - 2 * output_s))
-    # between stages each TP rank sends 1/t of the activation, and the next stage's TP group all-gathers it
-    # over its own link (Narayanan et al. 2021, §4.1, the scatter/gather optimisation)
-    p2p_s = 0.0
-    if pp > 1 and "pp" not in off:
-        p2p_s = collective_seconds("send", activation / tp, ring_costs(pp_link, pp))
-        if tp > 1:
-            p2p_s += collective_seconds("all_gather", activation, ring_costs(tp_link, tp))
-    p2p_s *= chunks  # interleaved: every chunk's boundary is a send
     # the pipeline's slots per step, (p − 1)/v of them the bubble (chapter 06)
     slots = m + (0 if "bubble" in off else (pp - 1) / chunks)
     forward_s = slots * (forward + tp_forward + p2p_s)
     backward_s = slots * (backward + tp_backward + p2p_s)
     optimizer_s = psi * OPTIMIZER_BYTES_PER_PARAM / cluster.gpu.memory_bandwidth
     grad_value = 4 if implementation == "megatron" and w.precision != "fp32" else w.value_bytes
-    grad_bytes = psi * w.value_bytes  # the weights' bytes: what ZeRO gathers
-    # ZeRO-3 (FSDP2, keeping its root from forward to backward): the root's share of this rank's weights,
-    # spread over the stages as evenly as the weights are
-    zero3 = layout.zero_stage == 3
-    root = w.root_params / (tp * pp) * w.value_bytes if zero3 else 0.0
-    deepspeed3 = zero3 and implementation == "deepspeed"
-    tensors, largest = w.layer_tensors
-    prefetch = not deepspeed3 or largest / tp <= DEEPSPEED_PREFETCH_PARAMS
+    zero3, deepspeed3 = layout.zero_stage == 3, layout.zero_stage == 3 and implementation == "deepspeed"
+    prefetch = not deepspeed3 or w.layer_tensors[1] / tp <= DEEPSPEED_PREFETCH_PARAMS
     if dp > 1 and "dp" not in off:
-        step = predict_dp_step(STRATEGIES[layout.zero_stage], ring_costs(cluster.link(topo, "dp"), dp), grad_bytes,
-                               dp, forward_s, backward_s, optimizer_s,
+        # ZeRO-3 (FSDP2, keeping its root from forward to backward): the root's share of this rank's weights
+        root = w.root_params / (tp * pp) * w.value_bytes if zero3 else 0.0
+        step = predict_dp_step(STRATEGIES[layout.zero_stage], ring_costs(cluster.link(layout.topology, "dp"), dp),
+                               psi * w.value_bytes, dp, forward_s, backward_s, optimizer_s,
                                buckets=max(1, math.ceil(psi * grad_value / BUCKET_BYTES)),
                                blocks=max(1, stages[slow]), overlap=cluster.overlap and "dp_overlap" not in off,
                                micro_batches=m, root_bytes=root, implementation=implementation, reshard=reshard,
-                               gathers_per_block=tensors if deepspeed3 else 1, prefetch=prefetch,
+                               gathers_per_block=w.layer_tensors[0] if deepspeed3 else 1, prefetch=prefetch,
+                               backward_gathers=2 if deepspeed3 and w.recompute == "full" else 1,
                                reduce_bytes=psi * grad_value)
     else:
         step = forward_s + backward_s + optimizer_s / (dp if layout.zero_stage and dp > 1 else 1)
-    optimizer_part = optimizer_s / (dp if layout.zero_stage else 1)
     parts = {"compute": m * (forward + backward), "bubble": (slots - m) * (forward + backward),
-             "tp": slots * (tp_forward + tp_backward), "pp": slots * 2 * p2p_s, "optimizer": optimizer_part}
+             "tp": slots * (tp_forward + tp_backward), "pp": slots * 2 * p2p_s,
+             "optimizer": optimizer_s / (dp if layout.zero_stage else 1)}
     parts["dp"] = max(0.0, step - sum(parts.values()))
-    reduced = psi * grad_value  # one reduce-scatter of this rank's gradients, in their dtype
-    zero3_bytes = {"after_forward": m * (2 * grad_bytes - root + reduced),  # FSDP2 gathers its root once per pass
-                   "after_backward": m * (grad_bytes + reduced), "after_step": grad_bytes + reduced}[reshard]
-    dp_bytes = {0: psi * grad_value, 1: psi * (grad_value + w.value_bytes), 2: (m * grad_value + w.value_bytes) * psi,
-                3: zero3_bytes}[layout.zero_stage]
-    tp_calls = (6 if w.checkpointing else 4) * stages[slow] * m
-    bytes_by_axis = {"dp": dp_bytes if dp > 1 else 0, "tp": tp_calls * activation if tp > 1 else 0,
-                     "pp": 2 * m * chunks * activation / tp if pp > 1 else 0}
+    bytes_by_axis = _bytes_by_axis(w, layout, stages[slow], m, chunks, psi, grad_value, reshard)
     # ZeRO-3 resharding only after the step holds the weights and whole gradients through it: stage 1's memory
     held_stage = 1 if zero3 and reshard == "after_step" else layout.zero_stage
     working = (_memory.zero3_working_set(w, layout, units=2 if prefetch else 1, grad_bytes=grad_value,
@@ -182,3 +124,87 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     return Prediction(layout, memory, step, parts, bytes_by_axis, (slots - m) / slots, m,
                       memory.total <= cluster.gpu.memory, stages, w.model_flops() / peak, w.hardware_flops() / peak,
                       chunks)
+
+
+def _checked(w: Workload, layout: Layout, cluster: Cluster, reshard, chunks, off):
+    """(micro-batches per replica, layers per stage, reshard, chunks, cluster) once the arguments are checked;
+    ``"latency"`` left out: the cluster's links with α = 0."""
+    topo = layout.topology
+    chunks = positive_int("chunks", chunks, "model chunks per pipeline rank (1: no interleaving)")
+    if off - set(TERMS):
+        raise ValueError(f"without={sorted(off - set(TERMS))}: not cost terms; choose from {', '.join(TERMS)}")
+    if topo.world_size != cluster.world_size:
+        raise ValueError(f"layout {layout} uses {topo.world_size} ranks; the cluster has {cluster.world_size}")
+    if layout.zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={layout.zero_stage!r} must be 0, 1, 2 or 3")
+    if reshard is None:
+        reshard = "after_step" if layout.pp > 1 else "after_forward"
+    dp, pp = layout.dp, layout.pp
+    if w.global_batch % (dp * w.micro_batch):
+        raise ValueError(f"global_batch={w.global_batch} does not split into dp={dp} replicas of micro-batches "
+                         f"of {w.micro_batch}")
+    stages = stage_layers(w, pp)
+    if chunks > 1 and (pp == 1 or chunks > min(stages)):
+        raise ValueError(f"chunks={chunks}: each of a pipeline rank's chunks needs at least one layer; "
+                         + ("pp=1 has no pipeline to interleave (use chunks=1)" if pp == 1 else
+                            f"{w.layers} layers on pp={pp} stages leave {min(stages)} on the smallest, so chunks "
+                            f"may be 1 to {min(stages)}"))
+    if "latency" in off:
+        cluster = replace(cluster, intra=replace(cluster.intra, alpha=0.0), inter=replace(cluster.inter, alpha=0.0))
+    return w.global_batch // (dp * w.micro_batch), stages, reshard, chunks, cluster
+
+
+def _computation(w: Workload, layers: int, last: bool, tp: int, cluster: Cluster, off) -> tuple[float, float, float]:
+    """(the layers' forward, the whole forward, the backward) of one micro-batch on the slowest stage's rank,
+    which holds ``layers`` layers (and the output layer if ``last``), in seconds."""
+    tokens, rate = w.micro_batch * w.seq_len, cluster.gpu.flops * cluster.utilization
+    attention = 0.0 if "attention" in off else w.attention_flops
+    layers_s = layers * (w.layer_flops - w.attention_flops + attention) * tokens / tp / rate
+    output_s = (w.output_flops * tokens / tp / rate) if last else 0.0
+    # the layers' memory-bound work: what they save for backward, read and written once per pass at HBM speed
+    if "memory_bound" not in off:
+        layers_s += layers * w.layer_bytes(tp) / cluster.gpu.memory_bandwidth
+    forward = layers_s + output_s
+    redo = {"full": layers_s, "selective": layers * attention * tokens / tp / rate}[w.recompute] \
+        if w.recompute != "none" and "recompute" not in off else 0.0
+    # backward: twice the forward, plus what recomputation redoes (the layers' forward, or their attention
+    # core); a fused attention kernel's backward recomputes the scores too (Workload.fused_backward_flops)
+    fused = layers * w.fused_backward_flops * (attention / w.attention_flops) * tokens / tp / rate
+    return layers_s, forward, 2 * forward + redo + fused
+
+
+def _messages(w: Workload, layout: Layout, cluster: Cluster, layers: int, chunks: int, off) -> tuple[float, float, float]:
+    """(TP's forward, TP's backward, one pipeline boundary's messages) per micro-batch on the slowest stage."""
+    topo, tp, pp = layout.topology, layout.tp, layout.pp
+    activation = w.micro_batch * w.seq_len * w.hidden * w.value_bytes  # one (b, s, h) tensor
+    tp_link, pp_link = cluster.link(topo, "tp"), cluster.link(topo, "pp")
+    # Megatron's TP: two all-reduces forward and two backward per layer, two more when recomputing (SP's
+    # all-gather and reduce-scatter in their place move the same bytes in as many ring steps)
+    all_reduce = collective_seconds("all_reduce", activation, ring_costs(tp_link, tp)) if tp > 1 else 0.0
+    if "tp" in off:
+        all_reduce = 0.0
+    tp_forward = 2 * layers * all_reduce
+    tp_backward = (2 + (2 if w.checkpointing else 0)) * layers * all_reduce
+    # between stages each TP rank sends 1/t of the activation, and the next stage's TP group all-gathers it
+    # over its own link (Narayanan et al. 2021, §4.1, the scatter/gather optimisation)
+    p2p_s = 0.0
+    if pp > 1 and "pp" not in off:
+        p2p_s = collective_seconds("send", activation / tp, ring_costs(pp_link, pp))
+        if tp > 1:
+            p2p_s += collective_seconds("all_gather", activation, ring_costs(tp_link, tp))
+    return tp_forward, tp_backward, p2p_s * chunks  # interleaved: every chunk's boundary is a send
+
+
+def _bytes_by_axis(w: Workload, layout: Layout, layers: int, m: int, chunks: int, psi: float, grad_value: int,
+                   reshard: str) -> dict:
+    """Bytes each rank sends per step on each axis (nccl-tests sizes)."""
+    dp, tp, pp = layout.dp, layout.tp, layout.pp
+    activation = w.micro_batch * w.seq_len * w.hidden * w.value_bytes
+    weights, reduced = psi * w.value_bytes, psi * grad_value  # what ZeRO gathers; one reduce-scatter's bytes
+    root = w.root_params / (tp * pp) * w.value_bytes if layout.zero_stage == 3 else 0.0
+    zero3 = {"after_forward": m * (2 * weights - root + reduced),  # FSDP2 gathers its root once per pass
+             "after_backward": m * (weights + reduced), "after_step": weights + reduced}[reshard]
+    dp_bytes = {0: reduced, 1: reduced + weights, 2: m * reduced + weights, 3: zero3}[layout.zero_stage]
+    tp_calls = (6 if w.checkpointing else 4) * layers * m
+    return {"dp": dp_bytes if dp > 1 else 0, "tp": tp_calls * activation if tp > 1 else 0,
+            "pp": 2 * m * chunks * activation / tp if pp > 1 else 0}

@@ -147,7 +147,16 @@ class Workload:
     def hardware_flops(self) -> float:
         """FLOPs the GPUs execute in one step: the model's, plus the layers' forward again when activations are
         recomputed (what HFU counts; Narayanan et al. 2021's eq. 3, 96·B·s·l·h²·(1 + s/6h + V/16lh))."""
-        return self.model_flops() + self.global_batch * self.seq_len * self.layers * self.recompute_flops
+        return self.model_flops() + self.global_batch * self.seq_len * self.layers * (self.recompute_flops
+                                                                                        + self.fused_backward_flops)
+
+    @property
+    def fused_backward_flops(self) -> float:
+        """FLOPs per token and layer a fused attention kernel's backward adds to twice its forward: it keeps no
+        scores, so it recomputes QKᵀ: five matrix products against the forward's two, 2.5 × the forward
+        (Dao 2023, FlashAttention-2, §3.1.2; MosaicML's benchmarks count it so: "the attention multiplier
+        would be 5 instead of 4", llm-foundry ``scripts/train/benchmarking/README.md``). 0 for eager."""
+        return 0.5 * self.attention_flops if self.attention == "sdpa" else 0.0
 
     @property
     def recompute_flops(self) -> float:

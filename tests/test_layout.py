@@ -20,9 +20,6 @@ MAX_FUNCTION_LINES = 60
 ALLOWED = {
     ("parallel/comm.py", "communicate"): "the one communication door; its split comes with the instruments "
                                          "attaching from outside (issue 35, item 1)",
-    ("planner/data_parallel.py", "predict_dp_step"): "the planner's ZeRO step model; split in the planner's "
-                                                     "own issue",
-    ("planner/step.py", "_predict"): "the planner's layout time; split in the planner's own issue",
 }
 
 

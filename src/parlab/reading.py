@@ -272,7 +272,9 @@ def sentence_stats(path) -> SentenceStats:
     if not path.is_file():
         raise FileNotFoundError(f"sentence_stats: no notebook at {str(path)!r}")
     nb = nbformat.read(path, as_version=4)
-    parse = mistune.create_markdown(renderer=None, plugins=["table", "math"])
+    # mistune 3 gives its syntax tree with renderer=None, mistune 2 (which nbconvert also allows) with "ast"
+    ast_renderer = None if int(mistune.__version__.split(".")[0]) >= 3 else "ast"
+    parse = mistune.create_markdown(renderer=ast_renderer, plugins=["table", "math"])
     sentences, asides = [], []
     for cell in nb.cells:
         if cell.cell_type != "markdown":

@@ -62,3 +62,37 @@ def test_read_minutes_round_up_to_five():
 
     # 200 words a minute and 10 lines of code a minute: a main path at the limits is 12.5 + 30 minutes
     assert minutes(2500, 300) == 45 and minutes(1000, 50) == 10 and minutes(1001, 50) == 15 and minutes(0, 0) == 5
+
+
+def test_report_sentence_statistics(capsys):
+    with capsys.disabled():
+        print("\n" + "\n".join(reading.sentence_stats(p).summary() for p in NOTEBOOKS))
+
+
+def test_sentence_statistics_count_what_they_should(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell(
+            "# A title is no sentence\n"
+            "One two three four. Rajbhandari et al. showed it (e.g. in §3.1) with `parlab.launch(fn)` in\n"
+            "[a link](https://example.org/(x)) and $f(x)$ too.\n\n"
+            "| a table | is no sentence |\n|---|---|\n| 1 | 2 |\n\n"
+            "- a list item (one two three four five) is one\n"
+            "- another (one two three four)\n\n"
+            "**1. An exercise.** Write it."),
+        nbformat.v4.new_code_cell("x = 1  # code is no prose. At all."),
+        nbformat.v4.new_markdown_cell("## Under the hood\nNot on the main path, and long: " + "word " * 50 + "."),
+    ])
+    nbformat.write(nb, tmp_path / "99_x.ipynb")
+    s = reading.sentence_stats(tmp_path / "99_x.ipynb")
+    assert [w for w, _ in s.sentences] == [4, 16, 10, 5, 3, 2], s.sentences
+    # code and math are one word each; the link's URL is not prose
+    assert s.sentences[1][1].endswith("with CODE in a link and MATH too.")
+    assert [w for w, _ in s.parentheticals] == [3, 5, 4] and s.long_parentheticals == 1
+    assert s.median_words == 4.5 and s.longest_tenth == 13.0  # halfway from 10 to 16: the 90th percentile of six
+    assert s.longest(2) == [s.sentences[1], s.sentences[2]]
+    assert "6 sentences, median 4.5 words" in s.summary()
+
+
+def test_sentence_statistics_refuse_a_missing_notebook(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no notebook at"):
+        reading.sentence_stats(tmp_path / "nowhere.ipynb")

@@ -6,6 +6,8 @@ the instruments right comes after a markdown cell that opens with ``## Under the
 and asserted. Code a chapter shows from the package counts as code to read: the chapter shows it with
 :func:`show_source`, and :func:`chapter_sizes` finds those calls and counts the lines they display.
 Collapsed solutions (code cells tagged ``solution``) are opened on purpose, so they are counted apart.
+:func:`sentence_stats` says how the main path reads: words per sentence and the long bracketed asides, the
+density a word limit met by compressing leaves behind.
 """
 
 from __future__ import annotations
@@ -156,3 +158,130 @@ def table(sizes: list[ChapterSizes]) -> str:
              "yes" if not s.over_limits() else "; ".join(s.over_limits())) for s in sizes]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+#: A parenthetical of at least this many words is "long": a clause the reader must hold while the sentence
+#: waits (a proof or a detour belongs under the hood, linked, rather than inside the sentence). A link
+#: "(under the hood, A)" or "(chapter 03)" is short.
+LONG_PARENTHETICAL = 5
+# Full stops that do not end a sentence: abbreviations, initials ("P. Patarasuk"), and the number that
+# opens an exercise ("1. Recursive doubling").
+_ABBREVIATIONS = re.compile(r"\b(?:e\.g|i\.e|et al|vs|cf|approx|[Ff]ig|[Ee]q|[Ss]ec)\.|\b[A-Z]\.|^\d+\.")
+# A sentence ends at . ! or ? (and any closing bracket or quote after it) followed by space; "0.46" and
+# "parlab.launch" have no space after the stop.
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][)\"'”’]))\s+")
+_CODE, _MATH = "CODE", "MATH"  # inline code and math read as one word each: their dots and brackets are not prose
+
+
+@dataclass
+class SentenceStats:
+    """How a chapter's main path reads, sentence by sentence (:func:`sentence_stats`)."""
+
+    chapter: str
+    sentences: list  # (words, sentence), in reading order
+    parentheticals: list  # (words, text) of every bracketed aside in the prose
+
+    @property
+    def median_words(self) -> float:
+        import statistics
+
+        return statistics.median(w for w, _ in self.sentences) if self.sentences else 0.0
+
+    @property
+    def longest_tenth(self) -> float:
+        """Words of the shortest sentence among the longest tenth: a tenth of the sentences are this long or
+        longer (the 90th percentile)."""
+        import statistics
+
+        words = sorted(w for w, _ in self.sentences)
+        return statistics.quantiles(words, n=10, method="inclusive")[-1] if len(words) > 1 else float(sum(words))
+
+    @property
+    def long_parentheticals(self) -> int:
+        """Bracketed asides of :data:`LONG_PARENTHETICAL` words or more."""
+        return sum(w >= LONG_PARENTHETICAL for w, _ in self.parentheticals)
+
+    def longest(self, k: int = 10) -> list:
+        """The ``k`` longest sentences, longest first: where to cut."""
+        return sorted(self.sentences, key=lambda s: -s[0])[:k]
+
+    def summary(self) -> str:
+        return (f"{self.chapter}: {len(self.sentences)} sentences, median {self.median_words:g} words, "
+                f"longest tenth ≥ {self.longest_tenth:g} words, {self.long_parentheticals} parentheticals of "
+                f"≥ {LONG_PARENTHETICAL} words")
+
+
+def _plain(tokens) -> str:
+    """The prose of mistune's inline tokens: emphasis and link text kept, code and math one word each."""
+    out = []
+    for tok in tokens:
+        kind = tok["type"]
+        if kind == "codespan":
+            out.append(_CODE)
+        elif kind == "inline_math":
+            out.append(_MATH)
+        elif kind in ("softbreak", "linebreak"):
+            out.append(" ")
+        elif kind == "inline_html":
+            continue
+        elif "children" in tok:
+            out.append(_plain(tok["children"]))
+        else:
+            out.append(tok.get("raw", tok.get("text", "")))
+    return "".join(out)
+
+
+def _prose_blocks(tokens):
+    """The paragraphs and list items of a markdown AST, as plain text; headings, tables, code blocks and
+    display math are not sentences."""
+    for tok in tokens:
+        if tok["type"] in ("paragraph", "block_text"):
+            yield _plain(tok.get("children", []))
+        elif tok["type"] in ("list", "list_item", "block_quote"):
+            yield from _prose_blocks(tok.get("children", []))
+
+
+def _parentheticals(text: str) -> list[str]:
+    """The outermost (…) asides of ``text``."""
+    found, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth, start = depth + 1, (i if depth == 0 else start)
+        elif ch == ")" and depth:
+            depth -= 1
+            if depth == 0:
+                found.append(text[start + 1:i])
+    return found
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` (plain prose, one paragraph) cut into sentences."""
+    protected = _ABBREVIATIONS.sub(lambda m: m.group(0).replace(".", "\0"), text)
+    return [s.replace("\0", ".").strip() for s in _SENTENCE_END.split(protected) if s.strip()]
+
+
+def sentence_stats(path) -> SentenceStats:
+    """The sentences and bracketed asides of a chapter's main path: the markdown cells before its
+    ``## Under the hood`` heading (the part :func:`chapter_sizes` counts as ``main``), parsed with mistune
+    (nbconvert's markdown parser). Inline code and math count as one word; a list item is a sentence of
+    its own even without a full stop."""
+    import mistune
+    import nbformat
+
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"sentence_stats: no notebook at {str(path)!r}")
+    nb = nbformat.read(path, as_version=4)
+    # mistune 3 gives its syntax tree with renderer=None, mistune 2 (which nbconvert also allows) with "ast"
+    ast_renderer = None if int(mistune.__version__.split(".")[0]) >= 3 else "ast"
+    parse = mistune.create_markdown(renderer=ast_renderer, plugins=["table", "math"])
+    sentences, asides = [], []
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        if UNDER_THE_HOOD.search(cell.source):
+            break
+        for block in _prose_blocks(parse(cell.source)):
+            sentences += [(len(s.split()), s) for s in split_sentences(block)]
+            asides += [(len(a.split()), a) for a in _parentheticals(block)]
+    return SentenceStats(path.stem, sentences, asides)

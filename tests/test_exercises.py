@@ -1,5 +1,7 @@
 """Each exercise check passes the reference and fails a planted wrong answer with a precise message."""
 
+import types
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -320,9 +322,10 @@ def ddp_buckets_always_1mib_first(ready_bytes, bucket_cap_mb=None):
     return [first] + ddp_rule(ready_bytes[i:], 25 if bucket_cap_mb is None else bucket_cap_mb)
 
 
-#: DDP's rule, the check's own answer unmarked (``__wrapped__``: what a check in the learner's process cannot
-#: hide, see docs/course_design.md), so that it can stand for a learner's right answer
-ddp_rule = _reference_buckets.__wrapped__
+#: DDP's rule, the check's own answer's code under another name (what a check in the learner's process cannot
+#: stop, see docs/course_design.md), so that it can stand for a learner's right answer
+ddp_rule = types.FunctionType(_reference_buckets.__code__.replace(co_name="ddp_rule", co_qualname="ddp_rule"),
+                              _reference_buckets.__globals__, "ddp_rule", _reference_buckets.__defaults__)
 
 
 def test_ddp_buckets_check_against_pytorch():
@@ -775,32 +778,63 @@ def test_chapter_09_solutions_pass_and_wrong_answers_fail():
 from parlab.exercises import core  # noqa: E402
 
 
-def test_answer_of_marks_a_function_without_changing_it_outside_a_check():
+def test_every_declared_answer_resolves_to_code():
+    for exercise, names in core.ANSWERS.items():
+        assert names and core.refused_answers(exercise) == list(names)
+        for name in names:
+            assert core._code_of(core._resolve(name)).co_filename.endswith(".py"), name
+
+
+def test_answers_are_refused_as_code_and_unchanged_outside_a_check():
     import inspect
+    import sys
+    import threading
 
     from parlab.parallel import pipeline_schedule as ps
     from parlab.reading import source
 
     assert ps.one_f_one_b(2, 2).names(0) == ["F0", "F1", "B0", "B1"]
-    assert list(inspect.signature(ps.one_f_one_b).parameters) == ["p", "m"]
-    assert source(ps.one_f_one_b).startswith("def one_f_one_b(")  # the chapters show it without the marker
-    assert "parlab.parallel.pipeline_schedule.one_f_one_b" in core.refused_answers("ch06.1")
-    with core.refusing("ch06.1", "write it yourself"), pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer to this exercise: write it"):
-        ps.one_f_one_b(2, 2)
-    with core.refusing("ch06.1", "outer"):
+    assert source(ps.one_f_one_b) == inspect.getsource(ps.one_f_one_b)  # no marker in the product's code
+    assert "answer" not in inspect.getsource(ps)  # nor in its module
+    kept = sys.getprofile()
+    with pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer to this exercise: write it"):
+        with core.refusing("ch06.1", "write it yourself"):
+            ps.one_f_one_b(2, 2)
+    with pytest.raises(ExerciseFailed, match="outer"), core.refusing("ch06.1", "outer"):
         with core.refusing("ch06.1", "inner"):
             pass
-        with pytest.raises(ExerciseFailed, match="outer"):  # a nested scope gives back the outer one
-            ps.gpipe(2, 2)
-    assert not core._REFUSED and ps.gpipe(2, 2)  # and nothing is left refused after a check
+        ps.gpipe(2, 2)  # a nested scope gives back the outer one
+    assert not core._REFUSED and not core._CODES and ps.gpipe(2, 2)  # nothing is left refused after a check
+    assert sys.getprofile() is kept and threading.getprofile() is None  # and the hooks are given back
+    with pytest.raises(KeyError, match="no answers are declared for exercise 'ch99.1'"):
+        core.refusing("ch99.1", "why")
 
 
-def test_without_leaves_a_marked_answer_in_place_for_modules_imported_meanwhile():
+def test_a_refusal_the_learner_catches_still_fails_the_check():
+    from parlab.parallel import pipeline_schedule as ps
+
+    def swallows():
+        try:
+            ps.one_f_one_b(2, 2)
+        except ExerciseFailed:
+            pass
+        return ps.one_f_one_b(2, 2)  # the hook is unset on this thread now: the log still knows
+
+    with pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer"):
+        with core.refusing("ch06.1", "write it yourself"):
+            swallows()
+    assert ps.one_f_one_b(2, 2)
+
+
+def test_without_refuses_the_named_functions_as_code_and_replaces_nothing():
     import parlab.measure.memory as memory
 
-    with core.without(memory, ["estimate_memory"], "count it yourself"):
-        from parlab.measure.memory import estimate_memory as imported_meanwhile  # as a module imported late would
-        with pytest.raises(ExerciseFailed, match="estimate_memory is the package's answer .*: count it yourself"):
+    estimate = memory.estimate_memory
+    with pytest.raises(ExerciseFailed, match="estimate_memory is the package's answer .*: count it yourself"):
+        with core.without(memory, ["estimate_memory"], "count it yourself"):
+            assert memory.estimate_memory is estimate  # nothing patched
+            from parlab.measure.memory import estimate_memory as imported_meanwhile  # as a late import would
+
             imported_meanwhile(num_params=10)
     assert imported_meanwhile(num_params=10).model_states == 160  # not a refusal kept for good
 

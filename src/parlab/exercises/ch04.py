@@ -1,5 +1,5 @@
 """Chapter 04's exercises (ZeRO, Rajbhandari et al. 2020). None is answered in the chapter, and none can be
-passed by calling the package's own answer (each is marked ``@answer_of``, and
+passed by calling the package's own answer (each is listed in ``core.ANSWERS``, and
 :func:`parlab.exercises.core.refusing` refuses it while the learner's function runs):
 
 1. :func:`check_reduce_to_owners`: the paper's stage 2 (§5.2) reduces each rank's partition *to* that rank.
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, answer_of, first_difference, refusing, without
+from parlab.exercises.core import ExerciseFailed, Passed, first_difference, refusing
 from parlab.parallel.comm import _reduce_scatter
 
 FLAT_SIZES = (10, 7, 12, 1)  # elements in the flat gradients the check reduces: most do not divide evenly
@@ -25,7 +25,6 @@ FLAT_SIZES = (10, 7, 12, 1)  # elements in the flat gradients the check reduces:
 
 # -- 1. a reduce-scatter out of reduces -------------------------------------------------------------------------
 
-@answer_of("ch04.1")
 def _reference_owner_shards(flat: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's ⌈numel / N⌉ elements of the average of ``flat`` over the ranks (zeros past the end)."""
     n = dist.get_world_size(group)
@@ -83,7 +82,6 @@ def check_reduce_to_owners(fn, world_size: int = 3) -> Passed:
 
 # -- 2. what prefetch costs ---------------------------------------------------------------------------------------
 
-@answer_of("ch04.2")
 def reference_peak_gathered(block_numels, root_numel: int, prefetch: bool, world_size: int = 1) -> int:
     """Elements of gathered weights ``ZeroStage3`` holds at once: the root for the whole forward and backward,
     one block (without prefetch) or two neighbours (with: the next is gathered while this one runs), each
@@ -125,7 +123,6 @@ def check_peak_gathered(fn) -> Passed:
 ACCUMULATING = ("ddp", "zero1", "zero2", "zero3", "zero3_keep")
 
 
-@answer_of("ch04.3")
 def _accumulation_volume(strategy: str, micro_batches: int) -> float:
     m = micro_batches
     return {"ddp": 2, "zero1": 2, "zero2": m + 1, "zero3": 3 * m, "zero3_keep": 2 * m}[strategy]
@@ -136,14 +133,10 @@ def check_accumulation_volume(fn) -> Passed:
     units of Ψ, when gradients are accumulated over ``micro_batches`` forward/backward passes before one
     optimizer step: DDP with ``no_sync``, and the course's ``ZeroStage1``, ``ZeroStage2``, ``ZeroStage3``
     (``"zero3"``) and ``ZeroStage3(reshard_after_forward=False)`` (``"zero3_keep"``)."""
-    from parlab import planner
-
     for strategy in ACCUMULATING:
         for m in (1, 2, 8, 5):
             expected = _accumulation_volume(strategy, m)
-            # the planner's predict_dp_step is not marked yet (planner.py is being reworked): patched as before
-            why = "count the collectives yourself, not with the planner or the check's own answer"
-            with refusing("ch04.3", why), without(planner, ["predict_dp_step"], why):
+            with refusing("ch04.3", "count the collectives yourself, not with the planner or the check's own answer"):
                 got = fn(strategy, m)
             if not isinstance(got, (int, float)) or abs(got - expected) > 1e-9:
                 hint = ""

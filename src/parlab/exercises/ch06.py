@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, answer_of, check_choice, refusing
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, check_choice, refusing
 
 
 def check_one_f_one_b_order(fn) -> Passed:
@@ -38,7 +38,6 @@ def check_one_f_one_b_order(fn) -> Passed:
     return Passed(f"{_name(fn)} gives 1F1B's order for every stage of 1–6 stages and 1–9 micro-batches")
 
 
-@answer_of("ch06.2")
 def _smallest_m(p, target, v=1):
     # exact arithmetic: (p−1)/(v·m+p−1) ≤ target, with target taken as the float it is
     t = Fraction(target)

@@ -227,6 +227,73 @@ def recursive_doubling(t):
         step *= 2
 
 
+def _all_reduce_in_a_thread(t):  # planted: the all-reduce done where a dispatch mode cannot see it
+    import threading
+
+    worker = threading.Thread(target=dist.all_reduce, args=(t,))
+    worker.start()
+    worker.join()
+
+
+def _all_reduce_outside_the_modes(t):  # planted: under _disable_current_modes
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        dist.all_reduce(t)
+
+
+def _padded_with_sends(t):  # planted: the right sums by all-reduce hidden in a thread, plus sends for show
+    rank, n = dist.get_rank(), dist.get_world_size()
+    _all_reduce_in_a_thread(t)
+    for step in (1, 1):
+        request = dist.isend(t.clone(), rank ^ step)
+        dist.recv(torch.empty_like(t), rank ^ step)
+        request.wait()
+
+
+def _ring_partners(t):  # planted: right sums, but every message goes to the next rank around a ring
+    rank, n = dist.get_rank(), dist.get_world_size()
+    held = t.clone()
+    for _ in range(n - 1):
+        incoming = torch.empty_like(t)
+        request = dist.isend(held.clone(), (rank + 1) % n)
+        dist.recv(incoming, (rank - 1) % n)
+        request.wait()
+        t += incoming
+        held = incoming
+    return None
+
+
+def _sends_t_itself(t, wait_first=False):  # sends t, not a copy; adds into it before the send is waited on
+    rank, n = dist.get_rank(), dist.get_world_size()
+    step = 1
+    while step < n:
+        incoming = torch.empty_like(t)
+        request = dist.isend(t, rank ^ step)
+        dist.recv(incoming, rank ^ step)
+        if wait_first:  # right: the send has read t before it changes
+            request.wait()
+        t += incoming
+        if not wait_first:
+            request.wait()
+        step *= 2
+
+
+def test_recursive_doubling_check_sees_the_group_and_each_partner():
+    for hidden in (_all_reduce_in_a_thread, _all_reduce_outside_the_modes):
+        with pytest.raises(ExerciseFailed, match="on rank 0 called all_reduce: build the all-reduce"):
+            check_recursive_doubling(hidden, world_size=4)
+    with pytest.raises(ExerciseFailed, match="called all_reduce"):
+        check_recursive_doubling(_padded_with_sends, world_size=4)
+    with pytest.raises(ExerciseFailed, match=r"rank 0 sent to ranks \[1, 1, 1\]; .* once to each of \[1, 2\]"):
+        check_recursive_doubling(_ring_partners, world_size=4)
+    # the race: gloo may have copied the buffer before the add (right sums: the early write is named) or not
+    with pytest.raises(ExerciseFailed, match="wrote into the buffer it was sending to rank 1 before that isend|"
+                                             "expected .* elements differ"):
+        check_recursive_doubling(_sends_t_itself, world_size=4)
+    assert "rank XOR 2^k" in repr(check_recursive_doubling(lambda t: _sends_t_itself(t, wait_first=True), world_size=4))
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_recursive_doubling_check_passes_the_reference(world_size):
     assert "log₂ n × buffer" in repr(check_recursive_doubling(recursive_doubling, world_size=world_size))
@@ -653,6 +720,24 @@ def _reduce_scattered(flat):  # right values, through the collective the exercis
     return out / n
 
 
+def _nothing_sent_to_owners(flat):  # planted: each rank's own shard of its own gradient, no communication
+    n = dist.get_world_size()
+    per = -(-flat.numel() // n)
+    padded = torch.zeros(per * n)
+    padded[:flat.numel()] = flat
+    return padded.chunk(n)[dist.get_rank()].clone()
+
+
+def _reduced_to_rank_0(flat):  # planted: every chunk reduced to rank 0, then the owner's shard broadcast... not
+    n = dist.get_world_size()
+    per = -(-flat.numel() // n)
+    padded = torch.zeros(per * n)
+    padded[:flat.numel()] = flat
+    for chunk in padded.chunk(n):
+        dist.reduce(chunk, dst=0)
+    return padded.chunk(n)[dist.get_rank()] / n
+
+
 def test_chapter_04_reduce_to_owners_both_ways():
     from parlab.exercises import ch04, check_reduce_to_owners
 
@@ -664,6 +749,10 @@ def test_chapter_04_reduce_to_owners_both_ways():
         check_reduce_to_owners(_unpadded_to_owners)
     with pytest.raises(ExerciseFailed, match="through reduce_scatter: build it from dist.reduce alone"):
         check_reduce_to_owners(_reduce_scattered)
+    with pytest.raises(ExerciseFailed, match="no communication was recorded on the process group"):
+        check_reduce_to_owners(_nothing_sent_to_owners)
+    with pytest.raises(ExerciseFailed, match=r"the reduces had roots \[0, 0, 0\]; each of the 3 ranks owns"):
+        check_reduce_to_owners(_reduced_to_rank_0)
     with pytest.raises(ExerciseFailed, match="_reference_owner_shards is the package's answer .*with dist.reduce"):
         check_reduce_to_owners(lambda flat: ch04._reference_owner_shards(flat))
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, first_difference, refusing
+from parlab.exercises.core import ExerciseFailed, Passed, first_difference, record_group, refusing
 from parlab.parallel.comm import _reduce_scatter
 
 FLAT_SIZES = (10, 7, 12, 1)  # elements in the flat gradients the check reduces: most do not divide evenly
@@ -37,20 +37,25 @@ def _reference_owner_shards(flat: torch.Tensor, group=None) -> torch.Tensor:
 
 
 def _owners_on_rank(fn) -> dict:
-    from parlab.measure import record_comm
-
     rank, n = parlab.rank(), parlab.world_size()
     findings, ops = [], set()
     for numel in FLAT_SIZES:
         flat = torch.arange(1.0, numel + 1) * (rank + 1)  # distinct per rank: a sum or a wrong rank shows
         want = _reference_owner_shards(flat.clone())
         try:
-            with record_comm() as seen, refusing("ch04.1", "write it with dist.reduce, not with the check's own "
-                                                            "reference"):
+            with record_group() as seen, refusing("ch04.1", "write it with dist.reduce, not with the check's own "
+                                                             "reference"):
                 got = fn(flat.clone())
         except ExerciseFailed as refused:
             return {"findings": [str(refused)], "ops": []}
         ops |= {r.op for r in seen.records}
+        roots = sorted(r.peer for r in seen.records if r.op == "reduce")
+        if not seen.records:
+            findings.append(f"{numel}-element gradient: no communication was recorded on the process group: every "
+                            f"rank's shard needs the other ranks' gradients (one dist.reduce per owner)")
+        elif not {r.op for r in seen.records} - {"reduce"} and roots != list(range(n)):
+            findings.append(f"{numel}-element gradient: the reduces had roots {roots}; each of the {n} ranks owns "
+                            f"one shard, so each is the root (dst) of exactly one reduce")
         problem = first_difference(got, want)
         if problem and isinstance(got, torch.Tensor) and got.numel() != want.numel():
             problem += (f": every rank's shard has ⌈{numel}/{n}⌉ = {want.numel()} elements (pad the gradient with "

@@ -525,14 +525,8 @@ def test_chapter_06_solutions_pass_and_wrong_answers_fail():
 
 def test_one_f_one_b_order_check_both_ways():
     from parlab.exercises import check_one_f_one_b_order
-    from parlab.parallel.pipeline_schedule import one_f_one_b
 
-    table = {(s, p, m): one_f_one_b(p, m).names(s) for p in range(1, 7) for m in range(1, 10) for s in range(p)}
-
-    def reference(stage, num_stages, num_micro_batches):  # the package's orders, looked up before the check
-        return table[stage, num_stages, num_micro_batches]
-
-    assert "every stage" in repr(check_one_f_one_b_order(reference))
+    assert "every stage" in repr(check_one_f_one_b_order(_chapter_06()["solution_one_f_one_b_order"]))
 
     def warmup_one_too_many(stage, num_stages, num_micro_batches):  # planted: p − s warm-up forwards
         w = min(num_stages - stage, num_micro_batches)
@@ -549,6 +543,18 @@ def test_one_f_one_b_order_check_both_ways():
         check_one_f_one_b_order(lambda stage, num_stages, num_micro_batches:
                                 ps.one_f_one_b(num_stages, num_micro_batches).names(stage))
     assert ps.one_f_one_b(2, 2).names(0) == ["F0", "F1", "B0", "B1"]  # and the package's schedule is back
+
+
+def test_one_f_one_b_order_check_draws_settings_a_table_of_the_grid_lacks():
+    from parlab.exercises import check_one_f_one_b_order
+    from parlab.parallel import pipeline_schedule as ps
+
+    table = {(s, p, m): ps.one_f_one_b(p, m).names(s) for p in range(1, 7) for m in range(1, 10) for s in range(p)}
+    with pytest.raises(ExerciseFailed, match=r"for stage \d+ of (7|8|9|10|11|12), \d+ micro-batch.*operation 0 "
+                                             r"should be 'F0', got nothing") as err:
+        check_one_f_one_b_order(lambda stage, num_stages, num_micro_batches:
+                                table.get((stage, num_stages, num_micro_batches), []))
+    assert "expected:" not in str(err.value)  # the failing case's op, not its whole answer
 
 
 def test_smallest_micro_batches_check_both_ways():
@@ -688,6 +694,30 @@ def test_layout_choice_check_both_ways():
             check_layout_choice(shortcut, seed=0)
     assert bound_candidates(planner.Workload("Llama 2 7B", 8, 512), planner.cluster_of("nvlink"))  # back
 
+
+
+def test_layout_choice_failure_names_its_scenario_and_a_seed_that_repeats_it():
+    import re
+
+    from parlab import planner
+    from parlab.exercises import check_layout_choice
+
+    def pure_dp(workload, cluster, price):  # planted: a heuristic that fails some draws
+        return planner.Layout(dp=cluster.world_size, zero_stage=3)
+
+    for _ in range(10):
+        try:
+            check_layout_choice(pure_dp)
+        except ExerciseFailed as failure:
+            first = str(failure)
+            break
+    else:
+        pytest.fail("pure data parallelism with ZeRO-3 passed ten fresh draws")
+    assert re.search(r"for scenario \d of 4 \(Llama 2 \d+B, ", first)
+    seed = int(re.search(r"check_layout_choice\(pure_dp, seed=(\d+)\) draws these 4 scenarios again", first)[1])
+    with pytest.raises(ExerciseFailed) as again:
+        check_layout_choice(pure_dp, seed=seed)
+    assert str(again.value) == first
 
 # ---- chapter 04 -------------------------------------------------------------------------------------
 

@@ -114,17 +114,21 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
                         seed: int | None = None) -> Passed:
     """``fn(workload, cluster, price)`` → a ``parlab.planner.Layout`` for the cluster's ranks that fits in GPU
     memory, keeps TP inside a node, and whose predicted step time is within ``tolerance`` of the fastest
-    such layout the planner finds, in each of ``count`` scenarios drawn afresh (:func:`scenarios`): no
-    answer can be written down in advance. ``price(layout)`` is the planner's prediction (``.step_s``,
+    such layout the planner finds, in each of ``count`` scenarios drawn afresh (:func:`scenarios`, from ``seed``; None: a new one, which a failure
+    names, with the scenario, so the draw can be repeated): no answer can be written down in advance. ``price(layout)`` is the planner's prediction (``.step_s``,
     ``.fits``, ``.parts``, ``.memory``), for at most ``budget`` layouts per scenario: the learner shortlists by
     memory arithmetic (``estimate_memory`` is allowed) and the guide's rules, and prices only the shortlist.
     ``planner.predict`` and ``planner.candidates`` refuse while the learner's function runs, however they
     were imported (``core.ANSWERS["ch07.3"]``: the one function every prediction goes through)."""
+    import random
+
     from parlab import planner
 
+    seed = random.randrange(10**6) if seed is None else seed  # printed on failure: the same draw again
     drawn = scenarios(count, seed)
-    for description, workload, cluster in drawn:
-        where = f"{_name(fn)} for {description}"
+    again = f"check_layout_choice({_name(fn)}, seed={seed}) draws these {count} scenarios again"
+    for index, (description, workload, cluster) in enumerate(drawn):
+        where = f"{_name(fn)} for scenario {index + 1} of {count} ({description}; {again})"
         priced = []
 
         def price(layout):
@@ -167,4 +171,4 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
                                  f"a layout that fits takes {best.step_s:.2f} s. Where does yours lose time? "
                                  + ", ".join(f"{k} {v:.2f} s" for k, v in mine.parts.items() if v > 0))
     return Passed(f"{_name(fn)} picks a fitting layout within {tolerance:.0%} of the fastest in {len(drawn)} "
-                  f"scenarios drawn afresh, pricing at most {budget} layouts in each")
+                  f"scenarios drawn afresh (seed={seed}), pricing at most {budget} layouts in each")

@@ -945,6 +945,52 @@ def test_a_refusal_the_learner_catches_still_fails_the_check():
     assert ps.one_f_one_b(2, 2)
 
 
+def test_a_refusal_propagates_through_c_code_and_an_outer_scope_gets_its_hook_back():
+    import sys
+
+    from parlab.parallel import pipeline_schedule as ps
+
+    for through_c in (lambda: list(map(ps.gpipe, [2], [2])), lambda: sorted([2, 1], key=lambda m: ps.gpipe(2, m))):
+        with pytest.raises(ExerciseFailed, match="gpipe is the package's answer"), core.refusing("ch06.1", "w"):
+            through_c()
+    with pytest.raises(ExerciseFailed, match="gpipe is the package's answer to this exercise: outer"):
+        with core.refusing("ch06.1", "outer"):
+            with pytest.raises(ExerciseFailed, match="in_flight is the package's answer"):
+                with core.refusing("ch06.3", "inner"):
+                    ps.in_flight(None, 0)  # refused on entry, before it reads its arguments
+            assert sys.getprofile() is core._hook  # CPython unset it when it raised; the inner scope put it back
+            ps.gpipe(2, 2)
+    assert sys.getprofile() is None
+
+
+def test_the_refusal_costs_a_small_factor_on_one_check(capsys):
+    import contextlib
+    import time
+
+    from parlab.exercises import ch06
+
+    solution = _chapter_06()["solution_one_f_one_b_order"]
+
+    def best_of_3():
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            ch06.check_one_f_one_b_order(solution)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    refused = best_of_3()
+    kept, ch06.refusing = ch06.refusing, lambda exercise, why: contextlib.nullcontext()
+    try:
+        bare = best_of_3()
+    finally:
+        ch06.refusing = kept
+    with capsys.disabled():
+        print(f"\nchapter 06 exercise 1's check: {refused * 1e3:.0f} ms refusing, {bare * 1e3:.0f} ms without "
+              f"(× {refused / bare:.1f})")
+    assert refused < 10 * bare
+
+
 def test_without_refuses_the_named_functions_as_code_and_replaces_nothing():
     import parlab.measure.memory as memory
 

@@ -888,6 +888,12 @@ def test_chapter_09_solutions_pass_and_wrong_answers_fail():
 
     with pytest.raises(ExerciseFailed, match="counts dropped tokens too"):
         check_received(no_capacity)
+
+    def capped_counts(expert_index, num_experts, ep, capacity):  # no priority order at all, token-major or other:
+        kept = torch.bincount(expert_index.flatten(), minlength=num_experts).clamp(max=capacity)  # right, as the
+        return [int(kept[p.start:p.stop].sum()) for p in expert.placement(num_experts, ep)]  # statement says
+
+    assert "✅" in repr(check_received(capped_counts))  # the order decides which assignments drop, not how many
     with pytest.raises(ExerciseFailed, match="route is the package's answer to this exercise"):
         check_received(lambda e, n, ep, c: expert.route(torch.zeros(len(e), n), 2, c))
 
@@ -989,6 +995,26 @@ def test_the_refusal_costs_a_small_factor_on_one_check(capsys):
         print(f"\nchapter 06 exercise 1's check: {refused * 1e3:.0f} ms refusing, {bare * 1e3:.0f} ms without "
               f"(× {refused / bare:.1f})")
     assert refused < 10 * bare
+
+
+def test_unsetting_the_hook_fails_the_check_but_a_thread_started_before_it_is_not_seen():
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parlab.exercises import check_smallest_micro_batches
+    from parlab.exercises.ch06 import _smallest_m
+
+    def unsets(p, target, v=1):
+        sys.setprofile(None)
+        return _smallest_m(p, target, v)
+
+    with pytest.raises(ExerciseFailed, match=r"profile hook was replaced while your code ran \(sys.setprofile\)"):
+        check_smallest_micro_batches(unsets)
+    pool = ThreadPoolExecutor(1)
+    pool.submit(int).result()  # its worker thread runs before the check: threading.setprofile cannot reach it
+    passed = check_smallest_micro_batches(lambda p, target, v=1: pool.submit(_smallest_m, p, target, v).result())
+    assert "finds the smallest m" in repr(passed)  # the limit docs/course_design.md states (Python 3.11)
+    pool.shutdown()
 
 
 def test_without_refuses_the_named_functions_as_code_and_replaces_nothing():

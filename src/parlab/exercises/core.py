@@ -11,7 +11,10 @@ A check returns a :class:`Passed` (its ``repr`` is the pass message, so a notebo
 - :func:`first_difference`: the sentence that names the first differing element of two tensors.
 - :data:`ANSWERS` and :func:`refusing`: the one refusal. ``ANSWERS["ch06.1"]`` names the package functions that
   answer an exercise; while a check runs the learner's code ``with refusing("ch06.1", why):``, their code fails
-  the check, however the learner reached it (see below).
+  the check, however the learner reached it (see below); :func:`grading` for the check's own code called from
+  the learner's; :func:`without` refuses named functions the same way.
+- :func:`record_group`: every op issued on a process group while the learner's code runs, whatever thread or
+  dispatch mode issues it, each send's partner included (``CommRecord.peer``).
 """
 
 from __future__ import annotations
@@ -360,6 +363,9 @@ def _refusing_objects(objects, scope, why: str):
         yield
     finally:
         with _LOCK:
+            if sys.getprofile() is not _hook and len(_STRUCK) == struck:  # CPython unsets it only when it raises
+                _STRUCK.append(f"the check's profile hook was replaced while your code ran (sys.setprofile): "
+                               f"{why}")
             for filename, key, label in keys:
                 held = _CODES[filename][key]
                 held.remove((label, why))

@@ -114,8 +114,9 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
                         seed: int | None = None) -> Passed:
     """``fn(workload, cluster, price)`` → a ``parlab.planner.Layout`` for the cluster's ranks that fits in GPU
     memory, keeps TP inside a node, and whose predicted step time is within ``tolerance`` of the fastest
-    such layout the planner finds, in each of ``count`` scenarios drawn afresh (:func:`scenarios`, from ``seed``; None: a new one, which a failure
-    names, with the scenario, so the draw can be repeated): no answer can be written down in advance. ``price(layout)`` is the planner's prediction (``.step_s``,
+    such layout the planner finds, in each of ``count`` scenarios drawn afresh (:func:`scenarios`, from
+    ``seed``; None: a new one, which a failure names, with the scenario, so the draw can be repeated): no
+    answer can be written down in advance. ``price(layout)`` is the planner's prediction (``.step_s``,
     ``.fits``, ``.parts``, ``.memory``), for at most ``budget`` layouts per scenario: the learner shortlists by
     memory arithmetic (``estimate_memory`` is allowed) and the guide's rules, and prices only the shortlist.
     ``planner.predict`` and ``planner.candidates`` refuse while the learner's function runs, however they

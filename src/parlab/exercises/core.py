@@ -227,24 +227,26 @@ def _call(fn, **kwargs):
 #: exercise -> the dotted names (module, then attributes) of the package functions that answer it. A name that
 #: does not resolve fails the check that refuses it (``tests/test_exercises.py`` resolves them all).
 ANSWERS: dict[str, tuple[str, ...]] = {
-    "ch01.1": ("parlab.exercises.ch01._measured_mlp_bytes", "parlab.exercises.ch01.GatedReLUMLP.forward", "parlab.measure.memory.measure_activations",
-               "parlab.measure.activations.layer_terms", "parlab.measure.memory.activation_bytes_per_layer",
-               "parlab.measure.memory.estimate_memory"),
-    "ch01.2": ("parlab.exercises.ch01._layer_bytes", "parlab.measure.activations.layer_terms", "parlab.measure.memory.activation_bytes_per_layer",
-               "parlab.measure.memory.estimate_memory", "parlab.measure.memory.measure_activations"),
-    "ch01.3": ("parlab.exercises.ch01._max_params", "parlab.exercises.ch01._per_param_bytes", "parlab.measure.memory.estimate_memory", "parlab.measure.memory.activation_bytes_per_layer",
+    "ch01.1": ("parlab.exercises.ch01._measured_mlp_bytes", "parlab.exercises.ch01.GatedReLUMLP.forward",
+               "parlab.measure.memory.measure_activations", "parlab.measure.activations.layer_terms",
+               "parlab.measure.memory.activation_bytes_per_layer", "parlab.measure.memory.estimate_memory"),
+    "ch01.2": ("parlab.exercises.ch01._layer_bytes", "parlab.measure.activations.layer_terms",
+               "parlab.measure.memory.activation_bytes_per_layer", "parlab.measure.memory.estimate_memory",
+               "parlab.measure.memory.measure_activations"),
+    "ch01.3": ("parlab.exercises.ch01._max_params", "parlab.exercises.ch01._per_param_bytes",
+               "parlab.measure.memory.estimate_memory", "parlab.measure.memory.activation_bytes_per_layer",
                "parlab.measure.activations.layer_terms", "parlab.measure.memory.measure_activations"),
     "ch02.2": ("parlab.exercises.ch02._crossover_bytes",),
-    "ch03.2": ("parlab.exercises.ch03._reference_buckets", "parlab.measure.memory.ddp_buckets",),
+    "ch03.2": ("parlab.exercises.ch03._reference_buckets", "parlab.measure.memory.ddp_buckets"),
     "ch04.1": ("parlab.exercises.ch04._reference_owner_shards",),
     "ch04.2": ("parlab.exercises.ch04.reference_peak_gathered",),
-    "ch04.3": ("parlab.exercises.ch04._accumulation_volume", "parlab.planner.data_parallel.predict_dp_step",),
+    "ch04.3": ("parlab.exercises.ch04._accumulation_volume", "parlab.planner.data_parallel.predict_dp_step"),
     "ch05.1": ("parlab.parallel.tensor.RowParallelLinear.forward",),
     "ch05.2": ("parlab.exercises.ch05._reference_tp_collectives", "parlab.exercises.ch05._states"),
     "ch05.3": ("parlab.exercises.ch05._recompute_answer",),
     "ch06.1": ("parlab.parallel.pipeline_schedule.naive", "parlab.parallel.pipeline_schedule.gpipe",
-               "parlab.parallel.pipeline_schedule.one_f_one_b", "parlab.parallel.pipeline_schedule.interleaved_1f1b",
-               "parlab.parallel.pipeline_schedule.make"),
+               "parlab.parallel.pipeline_schedule.one_f_one_b",
+               "parlab.parallel.pipeline_schedule.interleaved_1f1b", "parlab.parallel.pipeline_schedule.make"),
     "ch06.2": ("parlab.exercises.ch06._smallest_m",),
     "ch06.3": ("parlab.parallel.pipeline_schedule.in_flight", "parlab.parallel.pipeline_schedule.peak_in_flight"),
     "ch07.1": tuple(f"parlab.parallel.topology.Topology.{name}"
@@ -268,20 +270,25 @@ _GRADING = globals().get("_GRADING") or threading.local()
 
 
 def _resolve(dotted: str):
-    """The object a dotted name names: the longest importable module prefix, then attributes (a class's own
-    ``__dict__`` entry for a method, so a staticmethod or property is found as defined)."""
+    """The object a dotted name names, walked from its top package: a submodule where one is (imported if need
+    be), else an attribute (a class's own ``__dict__`` entry for a method, so a staticmethod or property is
+    found as defined)."""
     import importlib
+    import sys
 
     parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for name in parts[cut:]:
-            obj = vars(obj)[name] if isinstance(obj, type) and name in vars(obj) else getattr(obj, name)
-        return obj
-    raise ImportError(f"no module in {dotted!r}")
+    obj, path = importlib.import_module(parts[0]), parts[0]
+    for name in parts[1:]:
+        path = f"{path}.{name}"
+        if path in sys.modules:
+            obj = sys.modules[path]
+        elif isinstance(obj, type) and name in vars(obj):
+            obj = vars(obj)[name]
+        elif hasattr(obj, name):
+            obj = getattr(obj, name)
+        else:
+            obj = importlib.import_module(path)
+    return obj
 
 
 def _code_of(obj):

@@ -279,6 +279,28 @@ def _sends_t_itself(t, wait_first=False):  # sends t, not a copy; adds into it b
         step *= 2
 
 
+def _peers_on_rank():
+    from parlab.measure import CommLog
+    from parlab.parallel.comm import communicate, communicate_batch
+
+    rank, log = dist.get_rank(), CommLog()
+    with core.record_group() as seen:
+        communicate("send" if rank == 0 else "recv", torch.zeros(3), peer=1 - rank, on_collective=log)
+        batch = [("send", torch.zeros(2), 1 - rank, "a"), ("recv", torch.zeros(2), 1 - rank, "b")]
+        for work in communicate_batch(batch, on_collective=log):
+            work.wait()
+        dist.reduce(torch.zeros(1), dst=1)
+    return [(r.op, r.peer) for r in log.records], [(r.op, r.peer) for r in seen.records]
+
+
+def test_records_know_their_peer_in_communicate_and_on_the_group():
+    import parlab
+
+    (strategy0, group0), (strategy1, _) = parlab.launch(_peers_on_rank, world_size=2, announce=False, output="all")
+    assert strategy0 == [("send", 1), ("send", 1), ("recv", 1)] and strategy1[0] == ("recv", 0)
+    assert group0 == [("send", 1), ("send", 1), ("recv", 1), ("reduce", 1)]  # a reduce's peer is its root
+
+
 def test_recursive_doubling_check_sees_the_group_and_each_partner():
     for hidden in (_all_reduce_in_a_thread, _all_reduce_outside_the_modes):
         with pytest.raises(ExerciseFailed, match="on rank 0 called all_reduce: build the all-reduce"):

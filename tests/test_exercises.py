@@ -1,5 +1,7 @@
 """Each exercise check passes the reference and fails a planted wrong answer with a precise message."""
 
+import types
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -225,6 +227,95 @@ def recursive_doubling(t):
         step *= 2
 
 
+def _all_reduce_in_a_thread(t):  # planted: the all-reduce done where a dispatch mode cannot see it
+    import threading
+
+    worker = threading.Thread(target=dist.all_reduce, args=(t,))
+    worker.start()
+    worker.join()
+
+
+def _all_reduce_outside_the_modes(t):  # planted: under _disable_current_modes
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        dist.all_reduce(t)
+
+
+def _padded_with_sends(t):  # planted: the right sums by all-reduce hidden in a thread, plus sends for show
+    rank, n = dist.get_rank(), dist.get_world_size()
+    _all_reduce_in_a_thread(t)
+    for step in (1, 1):
+        request = dist.isend(t.clone(), rank ^ step)
+        dist.recv(torch.empty_like(t), rank ^ step)
+        request.wait()
+
+
+def _ring_partners(t):  # planted: right sums, but every message goes to the next rank around a ring
+    rank, n = dist.get_rank(), dist.get_world_size()
+    held = t.clone()
+    for _ in range(n - 1):
+        incoming = torch.empty_like(t)
+        request = dist.isend(held.clone(), (rank + 1) % n)
+        dist.recv(incoming, (rank - 1) % n)
+        request.wait()
+        t += incoming
+        held = incoming
+    return None
+
+
+def _sends_t_itself(t, wait_first=False):  # sends t, not a copy; adds into it before the send is waited on
+    rank, n = dist.get_rank(), dist.get_world_size()
+    step = 1
+    while step < n:
+        incoming = torch.empty_like(t)
+        request = dist.isend(t, rank ^ step)
+        dist.recv(incoming, rank ^ step)
+        if wait_first:  # right: the send has read t before it changes
+            request.wait()
+        t += incoming
+        if not wait_first:
+            request.wait()
+        step *= 2
+
+
+def _peers_on_rank():
+    from parlab.measure import CommLog
+    from parlab.parallel.comm import communicate, communicate_batch
+
+    rank, log = dist.get_rank(), CommLog()
+    with core.record_group() as seen:
+        communicate("send" if rank == 0 else "recv", torch.zeros(3), peer=1 - rank, on_collective=log)
+        batch = [("send", torch.zeros(2), 1 - rank, "a"), ("recv", torch.zeros(2), 1 - rank, "b")]
+        for work in communicate_batch(batch, on_collective=log):
+            work.wait()
+        dist.reduce(torch.zeros(1), dst=1)
+    return [(r.op, r.peer) for r in log.records], [(r.op, r.peer) for r in seen.records]
+
+
+def test_records_know_their_peer_in_communicate_and_on_the_group():
+    import parlab
+
+    (strategy0, group0), (strategy1, _) = parlab.launch(_peers_on_rank, world_size=2, announce=False, output="all")
+    assert strategy0 == [("send", 1), ("send", 1), ("recv", 1)] and strategy1[0] == ("recv", 0)
+    assert group0 == [("send", 1), ("send", 1), ("recv", 1), ("reduce", 1)]  # a reduce's peer is its root
+
+
+def test_recursive_doubling_check_sees_the_group_and_each_partner():
+    for hidden in (_all_reduce_in_a_thread, _all_reduce_outside_the_modes):
+        with pytest.raises(ExerciseFailed, match="on rank 0 called all_reduce: build the all-reduce"):
+            check_recursive_doubling(hidden, world_size=4)
+    with pytest.raises(ExerciseFailed, match="called all_reduce"):
+        check_recursive_doubling(_padded_with_sends, world_size=4)
+    with pytest.raises(ExerciseFailed, match=r"rank 0 sent to ranks \[1, 1, 1\]; .* once to each of \[1, 2\]"):
+        check_recursive_doubling(_ring_partners, world_size=4)
+    # the race: gloo may have copied the buffer before the add (right sums: the early write is named) or not
+    with pytest.raises(ExerciseFailed, match="wrote into the buffer it was sending to rank 1 before that isend|"
+                                             "expected .* elements differ"):
+        check_recursive_doubling(_sends_t_itself, world_size=4)
+    assert "rank XOR 2^k" in repr(check_recursive_doubling(lambda t: _sends_t_itself(t, wait_first=True), world_size=4))
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_recursive_doubling_check_passes_the_reference(world_size):
     assert "log₂ n × buffer" in repr(check_recursive_doubling(recursive_doubling, world_size=world_size))
@@ -320,9 +411,10 @@ def ddp_buckets_always_1mib_first(ready_bytes, bucket_cap_mb=None):
     return [first] + ddp_rule(ready_bytes[i:], 25 if bucket_cap_mb is None else bucket_cap_mb)
 
 
-#: DDP's rule, the check's own answer unmarked (``__wrapped__``: what a check in the learner's process cannot
-#: hide, see docs/course_design.md), so that it can stand for a learner's right answer
-ddp_rule = _reference_buckets.__wrapped__
+#: DDP's rule, the check's own answer's code under another name (what a check in the learner's process cannot
+#: stop, see docs/course_design.md), so that it can stand for a learner's right answer
+ddp_rule = types.FunctionType(_reference_buckets.__code__.replace(co_name="ddp_rule", co_qualname="ddp_rule"),
+                              _reference_buckets.__globals__, "ddp_rule", _reference_buckets.__defaults__)
 
 
 def test_ddp_buckets_check_against_pytorch():
@@ -455,14 +547,8 @@ def test_chapter_06_solutions_pass_and_wrong_answers_fail():
 
 def test_one_f_one_b_order_check_both_ways():
     from parlab.exercises import check_one_f_one_b_order
-    from parlab.parallel.pipeline_schedule import one_f_one_b
 
-    table = {(s, p, m): one_f_one_b(p, m).names(s) for p in range(1, 7) for m in range(1, 10) for s in range(p)}
-
-    def reference(stage, num_stages, num_micro_batches):  # the package's orders, looked up before the check
-        return table[stage, num_stages, num_micro_batches]
-
-    assert "every stage" in repr(check_one_f_one_b_order(reference))
+    assert "every stage" in repr(check_one_f_one_b_order(_chapter_06()["solution_one_f_one_b_order"]))
 
     def warmup_one_too_many(stage, num_stages, num_micro_batches):  # planted: p − s warm-up forwards
         w = min(num_stages - stage, num_micro_batches)
@@ -479,6 +565,18 @@ def test_one_f_one_b_order_check_both_ways():
         check_one_f_one_b_order(lambda stage, num_stages, num_micro_batches:
                                 ps.one_f_one_b(num_stages, num_micro_batches).names(stage))
     assert ps.one_f_one_b(2, 2).names(0) == ["F0", "F1", "B0", "B1"]  # and the package's schedule is back
+
+
+def test_one_f_one_b_order_check_draws_settings_a_table_of_the_grid_lacks():
+    from parlab.exercises import check_one_f_one_b_order
+    from parlab.parallel import pipeline_schedule as ps
+
+    table = {(s, p, m): ps.one_f_one_b(p, m).names(s) for p in range(1, 7) for m in range(1, 10) for s in range(p)}
+    with pytest.raises(ExerciseFailed, match=r"for stage \d+ of (7|8|9|10|11|12), \d+ micro-batch.*operation 0 "
+                                             r"should be 'F0', got nothing") as err:
+        check_one_f_one_b_order(lambda stage, num_stages, num_micro_batches:
+                                table.get((stage, num_stages, num_micro_batches), []))
+    assert "expected:" not in str(err.value)  # the failing case's op, not its whole answer
 
 
 def test_smallest_micro_batches_check_both_ways():
@@ -619,6 +717,30 @@ def test_layout_choice_check_both_ways():
     assert bound_candidates(planner.Workload("Llama 2 7B", 8, 512), planner.cluster_of("nvlink"))  # back
 
 
+
+def test_layout_choice_failure_names_its_scenario_and_a_seed_that_repeats_it():
+    import re
+
+    from parlab import planner
+    from parlab.exercises import check_layout_choice
+
+    def pure_dp(workload, cluster, price):  # planted: a heuristic that fails some draws
+        return planner.Layout(dp=cluster.world_size, zero_stage=3)
+
+    for _ in range(10):
+        try:
+            check_layout_choice(pure_dp)
+        except ExerciseFailed as failure:
+            first = str(failure)
+            break
+    else:
+        pytest.fail("pure data parallelism with ZeRO-3 passed ten fresh draws")
+    assert re.search(r"for scenario \d of 4 \(Llama 2 \d+B, ", first)
+    seed = int(re.search(r"check_layout_choice\(pure_dp, seed=(\d+)\) draws these 4 scenarios again", first)[1])
+    with pytest.raises(ExerciseFailed) as again:
+        check_layout_choice(pure_dp, seed=seed)
+    assert str(again.value) == first
+
 # ---- chapter 04 -------------------------------------------------------------------------------------
 
 def _summed_to_owners(flat):  # planted: the sum, not the average
@@ -650,6 +772,24 @@ def _reduce_scattered(flat):  # right values, through the collective the exercis
     return out / n
 
 
+def _nothing_sent_to_owners(flat):  # planted: each rank's own shard of its own gradient, no communication
+    n = dist.get_world_size()
+    per = -(-flat.numel() // n)
+    padded = torch.zeros(per * n)
+    padded[:flat.numel()] = flat
+    return padded.chunk(n)[dist.get_rank()].clone()
+
+
+def _reduced_to_rank_0(flat):  # planted: every chunk reduced to rank 0, then the owner's shard broadcast... not
+    n = dist.get_world_size()
+    per = -(-flat.numel() // n)
+    padded = torch.zeros(per * n)
+    padded[:flat.numel()] = flat
+    for chunk in padded.chunk(n):
+        dist.reduce(chunk, dst=0)
+    return padded.chunk(n)[dist.get_rank()] / n
+
+
 def test_chapter_04_reduce_to_owners_both_ways():
     from parlab.exercises import ch04, check_reduce_to_owners
 
@@ -661,6 +801,10 @@ def test_chapter_04_reduce_to_owners_both_ways():
         check_reduce_to_owners(_unpadded_to_owners)
     with pytest.raises(ExerciseFailed, match="through reduce_scatter: build it from dist.reduce alone"):
         check_reduce_to_owners(_reduce_scattered)
+    with pytest.raises(ExerciseFailed, match="no communication was recorded on the process group"):
+        check_reduce_to_owners(_nothing_sent_to_owners)
+    with pytest.raises(ExerciseFailed, match=r"the reduces had roots \[0, 0, 0\]; each of the 3 ranks owns"):
+        check_reduce_to_owners(_reduced_to_rank_0)
     with pytest.raises(ExerciseFailed, match="_reference_owner_shards is the package's answer .*with dist.reduce"):
         check_reduce_to_owners(lambda flat: ch04._reference_owner_shards(flat))
 
@@ -766,6 +910,12 @@ def test_chapter_09_solutions_pass_and_wrong_answers_fail():
 
     with pytest.raises(ExerciseFailed, match="counts dropped tokens too"):
         check_received(no_capacity)
+
+    def capped_counts(expert_index, num_experts, ep, capacity):  # no priority order at all, token-major or other:
+        kept = torch.bincount(expert_index.flatten(), minlength=num_experts).clamp(max=capacity)  # right, as the
+        return [int(kept[p.start:p.stop].sum()) for p in expert.placement(num_experts, ep)]  # statement says
+
+    assert "✅" in repr(check_received(capped_counts))  # the order decides which assignments drop, not how many
     with pytest.raises(ExerciseFailed, match="route is the package's answer to this exercise"):
         check_received(lambda e, n, ep, c: expert.route(torch.zeros(len(e), n), 2, c))
 
@@ -775,32 +925,129 @@ def test_chapter_09_solutions_pass_and_wrong_answers_fail():
 from parlab.exercises import core  # noqa: E402
 
 
-def test_answer_of_marks_a_function_without_changing_it_outside_a_check():
+def test_every_declared_answer_resolves_to_code():
+    for exercise, names in core.ANSWERS.items():
+        assert names and core.refused_answers(exercise) == list(names)
+        for name in names:
+            assert core._code_of(core._resolve(name)).co_filename.endswith(".py"), name
+
+
+def test_answers_are_refused_as_code_and_unchanged_outside_a_check():
     import inspect
+    import sys
+    import threading
 
     from parlab.parallel import pipeline_schedule as ps
     from parlab.reading import source
 
     assert ps.one_f_one_b(2, 2).names(0) == ["F0", "F1", "B0", "B1"]
-    assert list(inspect.signature(ps.one_f_one_b).parameters) == ["p", "m"]
-    assert source(ps.one_f_one_b).startswith("def one_f_one_b(")  # the chapters show it without the marker
-    assert "parlab.parallel.pipeline_schedule.one_f_one_b" in core.refused_answers("ch06.1")
-    with core.refusing("ch06.1", "write it yourself"), pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer to this exercise: write it"):
-        ps.one_f_one_b(2, 2)
-    with core.refusing("ch06.1", "outer"):
+    assert source(ps.one_f_one_b) == inspect.getsource(ps.one_f_one_b)  # no marker in the product's code
+    assert "answer" not in inspect.getsource(ps)  # nor in its module
+    kept = sys.getprofile()
+    with pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer to this exercise: write it"):
+        with core.refusing("ch06.1", "write it yourself"):
+            ps.one_f_one_b(2, 2)
+    with pytest.raises(ExerciseFailed, match="outer"), core.refusing("ch06.1", "outer"):
         with core.refusing("ch06.1", "inner"):
             pass
-        with pytest.raises(ExerciseFailed, match="outer"):  # a nested scope gives back the outer one
+        ps.gpipe(2, 2)  # a nested scope gives back the outer one
+    assert not core._REFUSED and not core._CODES and ps.gpipe(2, 2)  # nothing is left refused after a check
+    assert sys.getprofile() is kept and threading.getprofile() is None  # and the hooks are given back
+    with pytest.raises(KeyError, match="no answers are declared for exercise 'ch99.1'"):
+        core.refusing("ch99.1", "why")
+
+
+def test_a_refusal_the_learner_catches_still_fails_the_check():
+    from parlab.parallel import pipeline_schedule as ps
+
+    def swallows():
+        try:
+            ps.one_f_one_b(2, 2)
+        except ExerciseFailed:
+            pass
+        return ps.one_f_one_b(2, 2)  # the hook is unset on this thread now: the log still knows
+
+    with pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer"):
+        with core.refusing("ch06.1", "write it yourself"):
+            swallows()
+    assert ps.one_f_one_b(2, 2)
+
+
+def test_a_refusal_propagates_through_c_code_and_an_outer_scope_gets_its_hook_back():
+    import sys
+
+    from parlab.parallel import pipeline_schedule as ps
+
+    for through_c in (lambda: list(map(ps.gpipe, [2], [2])), lambda: sorted([2, 1], key=lambda m: ps.gpipe(2, m))):
+        with pytest.raises(ExerciseFailed, match="gpipe is the package's answer"), core.refusing("ch06.1", "w"):
+            through_c()
+    with pytest.raises(ExerciseFailed, match="gpipe is the package's answer to this exercise: outer"):
+        with core.refusing("ch06.1", "outer"):
+            with pytest.raises(ExerciseFailed, match="in_flight is the package's answer"):
+                with core.refusing("ch06.3", "inner"):
+                    ps.in_flight(None, 0)  # refused on entry, before it reads its arguments
+            assert sys.getprofile() is core._hook  # CPython unset it when it raised; the inner scope put it back
             ps.gpipe(2, 2)
-    assert not core._REFUSED and ps.gpipe(2, 2)  # and nothing is left refused after a check
+    assert sys.getprofile() is None
 
 
-def test_without_leaves_a_marked_answer_in_place_for_modules_imported_meanwhile():
+def test_the_refusal_costs_a_small_factor_on_one_check(capsys):
+    import contextlib
+    import time
+
+    from parlab.exercises import ch06
+
+    solution = _chapter_06()["solution_one_f_one_b_order"]
+
+    def best_of_3():
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            ch06.check_one_f_one_b_order(solution)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    refused = best_of_3()
+    kept, ch06.refusing = ch06.refusing, lambda exercise, why: contextlib.nullcontext()
+    try:
+        bare = best_of_3()
+    finally:
+        ch06.refusing = kept
+    with capsys.disabled():
+        print(f"\nchapter 06 exercise 1's check: {refused * 1e3:.0f} ms refusing, {bare * 1e3:.0f} ms without "
+              f"(× {refused / bare:.1f})")
+    assert refused < 10 * bare
+
+
+def test_unsetting_the_hook_fails_the_check_but_a_thread_started_before_it_is_not_seen():
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parlab.exercises import check_smallest_micro_batches
+    from parlab.exercises.ch06 import _smallest_m
+
+    def unsets(p, target, v=1):
+        sys.setprofile(None)
+        return _smallest_m(p, target, v)
+
+    with pytest.raises(ExerciseFailed, match=r"profile hook was replaced while your code ran \(sys.setprofile\)"):
+        check_smallest_micro_batches(unsets)
+    pool = ThreadPoolExecutor(1)
+    pool.submit(int).result()  # its worker thread runs before the check: threading.setprofile cannot reach it
+    passed = check_smallest_micro_batches(lambda p, target, v=1: pool.submit(_smallest_m, p, target, v).result())
+    assert "finds the smallest m" in repr(passed)  # the limit docs/course_design.md states (Python 3.11)
+    pool.shutdown()
+
+
+def test_without_refuses_the_named_functions_as_code_and_replaces_nothing():
     import parlab.measure.memory as memory
 
-    with core.without(memory, ["estimate_memory"], "count it yourself"):
-        from parlab.measure.memory import estimate_memory as imported_meanwhile  # as a module imported late would
-        with pytest.raises(ExerciseFailed, match="estimate_memory is the package's answer .*: count it yourself"):
+    estimate = memory.estimate_memory
+    with pytest.raises(ExerciseFailed, match="estimate_memory is the package's answer .*: count it yourself"):
+        with core.without(memory, ["estimate_memory"], "count it yourself"):
+            assert memory.estimate_memory is estimate  # nothing patched
+            from parlab.measure.memory import estimate_memory as imported_meanwhile  # as a late import would
+
             imported_meanwhile(num_params=10)
     assert imported_meanwhile(num_params=10).model_states == 160  # not a refusal kept for good
 

@@ -38,9 +38,8 @@ def show_source(obj) -> None:
 
 
 def source(obj) -> str:
-    """``obj``'s source as a chapter shows it: without the ``@answer_of`` line that marks an exercise's answer
-    (the exercises' plumbing, not the idea)."""
-    return "".join(line for line in inspect.getsourcelines(obj)[0] if not line.lstrip().startswith("@answer_of("))
+    """``obj``'s source as a chapter shows it: the package's code as written (``inspect.getsource``)."""
+    return inspect.getsource(obj)
 
 
 @dataclass

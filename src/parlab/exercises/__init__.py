@@ -2,8 +2,8 @@
 
 - ``core``: :func:`check_ranks`, :func:`check_function`, :func:`check_choice` (a function on N ranks against
   a reference; plain functions over cases; a choice), :func:`first_difference`, :class:`Passed`,
-  :class:`ExerciseFailed`; and the one refusal: :func:`answer_of` marks a package function as an exercise's
-  answer, :func:`refusing` makes it fail the check while the learner's code runs.
+  :class:`ExerciseFailed`; and the one refusal: :data:`~parlab.exercises.core.ANSWERS` names the package
+  functions that answer each exercise, :func:`refusing` makes their code fail the check while the learner's runs.
 - ``ch00``: :func:`check_my_slice`, :func:`check_hang_prediction`.
 - ``ch01``: :func:`check_gated_mlp_bytes`, :func:`check_activation_scaling`, :func:`check_max_params`,
   :func:`check_largest_models`.
@@ -26,8 +26,7 @@ Each check passes the reference answer and fails a planted wrong one with a prec
 
 import importlib
 
-# Lazy, so that a package module can import ``core`` (for ``answer_of``) while ``parlab`` itself is being
-# imported, without pulling in every chapter's checks (and what they import) at that moment.
+# Lazy: importing ``parlab.exercises`` does not pull in every chapter's checks (and what they import).
 _WHERE = {name: module for module, names in {
     "ch00": ["check_hang_prediction", "check_my_slice"],
     "ch01": ["check_activation_scaling", "check_gated_mlp_bytes", "check_largest_models", "check_max_params"],
@@ -40,7 +39,7 @@ _WHERE = {name: module for module, names in {
     "ch08": ["check_sharded_training"],
     "ch09": ["check_online_softmax_combine", "check_received"],
     "core": ["ExerciseFailed", "Passed", "check_choice", "check_function", "check_ranks", "first_difference",
-             "answer_of", "refusing", "refused_answers"],
+             "ANSWERS", "refusing", "refused_answers", "grading", "without", "record_group", "grading", "without", "record_group"],
 }.items() for name in names}
 
 
@@ -51,7 +50,7 @@ def __getattr__(name):
 
 
 __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference", "check_choice",
-           "answer_of", "refusing", "refused_answers",
+           "ANSWERS", "refusing", "refused_answers", "grading", "without", "record_group",
            "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_activation_scaling",
            "check_max_params", "check_largest_models", "check_recursive_doubling", "check_crossover_bytes",
            "check_send_buffer", "check_below_crossover", "check_weighted_average", "check_ddp_buckets",

@@ -3,7 +3,7 @@ layer's activations scale with the micro-batch and the sequence (Korthikanti et 
 model whose states fit a GPU under ZeRO (Rajbhandari et al. 2020).
 
 While the learner's function runs, the package's own answers (the measurement, the estimator, the
-reference functions here, each marked ``@answer_of``) are refused however the function reaches them
+reference functions here, each listed in ``core.ANSWERS``) are refused however the function reaches them
 (:func:`~parlab.exercises.core.refusing`)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 import torch
 from torch import nn
 
-from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, answer_of, refusing
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, refusing
 
 
 class GatedReLUMLP(nn.Module):
@@ -26,7 +26,6 @@ class GatedReLUMLP(nn.Module):
         self.up = nn.Linear(hidden, intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    @answer_of("ch01.1")
     def forward(self, x):
         return self.down(torch.relu(self.gate(x)) * self.up(x))
 
@@ -35,7 +34,6 @@ MLP_CASES = [dict(s=16, b=2, h=32, i=96, bytes_per_value=4), dict(s=64, b=1, h=4
              dict(s=32, b=3, h=64, i=64, bytes_per_value=2)]
 
 
-@answer_of("ch01.1")
 def _measured_mlp_bytes(s, b, h, i, bytes_per_value):
     from parlab.measure import measure_activations
 
@@ -83,7 +81,6 @@ def check_gated_mlp_bytes(fn) -> Passed:
     return Passed(f"{_name(fn)} matches what autograd keeps in all {len(cases)} cases")
 
 
-@answer_of("ch01.2")
 def _layer_bytes(s, b, h, a):
     # Korthikanti et al. 2022, §4.1: one GPT layer with dropout, 16-bit values, 1-byte masks
     return s * b * h * (34 + 5 * a * s / h)
@@ -122,13 +119,11 @@ def check_activation_scaling(fn) -> Passed:
     return Passed(f"{_name(fn)} predicts both factors for all {len(cases)} layers")
 
 
-@answer_of("ch01.3")
 def _per_param_bytes(n_d, stage, k=12):
     # mixed precision (ZeRO's accounting): 2 bytes of weight, 2 of gradient, k of optimizer state
     return 2 / (n_d if stage >= 3 else 1) + 2 / (n_d if stage >= 2 else 1) + k / (n_d if stage >= 1 else 1)
 
 
-@answer_of("ch01.3")
 def _max_params(gpu_gb, n_d, stage, k=12):
     return gpu_gb * 1e9 / _per_param_bytes(n_d, stage, k)
 

@@ -12,7 +12,7 @@ import random
 import torch
 import torch.distributed as dist
 
-from parlab.exercises.core import ExerciseFailed, Passed, _name, answer_of, check_choice, check_function, check_ranks
+from parlab.exercises.core import ExerciseFailed, Passed, _name, check_choice, check_function, check_ranks
 
 
 def check_recursive_doubling(fn, world_size: int = 4, numel: int = 12, timeout: float = 30) -> Passed:
@@ -29,26 +29,36 @@ def check_recursive_doubling(fn, world_size: int = 4, numel: int = 12, timeout: 
 
     results = check_ranks(fn, _all_reduce, world_size, make_input, timeout, _record=True)
     buffer = numel * 4
-    expected = int(math.log2(world_size)) * buffer
+    steps = int(math.log2(world_size))
     for rank, r in enumerate(results):
         others = sorted({rec.op for rec in r["records"]} - {"send", "recv"})
         if others:
             raise ExerciseFailed(f"{_name(fn)} on rank {rank} called {', '.join(others)}: build the all-reduce "
                                  f"from point-to-point messages (send/recv, isend/irecv)")
-        sent = sum(rec.bytes for rec in r["records"] if rec.op == "send")
-        if sent != expected:
-            raise ExerciseFailed(f"{_name(fn)} gives the right sums, but rank {rank} sent {sent} bytes; recursive "
-                                 f"doubling sends the whole {buffer}-byte buffer once per step, log₂ {world_size} "
-                                 f"= {int(math.log2(world_size))} steps: {expected} bytes")
-    return Passed(f"{_name(fn)} matches dist.all_reduce on {world_size} ranks, sending log₂ n × buffer = "
-                  f"{expected} bytes per rank")
+        sends = [rec for rec in r["records"] if rec.op == "send"]
+        partners = sorted(rank ^ (1 << k) for k in range(steps))
+        if sorted(rec.peer for rec in sends) != partners:
+            raise ExerciseFailed(f"{_name(fn)} gives the right sums, but rank {rank} sent to ranks "
+                                 f"{[rec.peer for rec in sends]}; in recursive doubling's step k rank r swaps with "
+                                 f"rank r XOR 2^k, so rank {rank} sends once to each of {partners}")
+        wrong = [rec for rec in sends if rec.bytes != buffer]
+        if wrong:
+            raise ExerciseFailed(f"{_name(fn)} gives the right sums, but rank {rank} sent {wrong[0].bytes} bytes to "
+                                 f"rank {wrong[0].peer}; recursive doubling sends the whole {buffer}-byte buffer "
+                                 f"in every step, log₂ {world_size} = {steps} steps: {steps * buffer} bytes")
+        if r["early"]:
+            raise ExerciseFailed(f"{_name(fn)} gives the right sums here, but rank {rank} wrote into the buffer it "
+                                 f"was sending to rank {r['early'][0].peer} before that isend was waited on: the "
+                                 f"send may still be reading it (gloo copied it in time on this machine; NCCL "
+                                 f"reads it while it runs). Send a copy, or wait for the send before adding.")
+    return Passed(f"{_name(fn)} matches dist.all_reduce on {world_size} ranks, each rank swapping its whole "
+                  f"buffer with rank XOR 2^k in step k: log₂ n × buffer = {steps * buffer} bytes per rank")
 
 
 def _all_reduce(t):
     dist.all_reduce(t)
 
 
-@answer_of("ch02.2")
 def _crossover_bytes(n, alpha, bandwidth):
     steps = math.log2(n)
     # ring: 2(n-1)·(α + m/(n·B)); recursive doubling: log2(n)·(α + m/B); equal at m*

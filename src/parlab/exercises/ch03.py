@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, _name, answer_of, refusing
+from parlab.exercises.core import ExerciseFailed, Passed, _name, refusing
 
 def _shard_sizes(world_size: int, draw: random.Random) -> list[int]:
     """Examples each rank holds in the uneven-shard check, drawn anew at every call: unequal, and summing to
@@ -137,7 +137,6 @@ def check_ddp_buckets(fn) -> Passed:
                   f"fresh gradient sizes")
 
 
-@answer_of("ch03.2")
 def _reference_buckets(ready_bytes, bucket_cap_mb=None):
     # DDP's rebuild (torch/nn/parallel/distributed.py, _compute_bucket_assignment_by_size): close a bucket
     # once it holds the limit; the first limit is 1 MiB only when the cap is the default 25 MiB

@@ -1,5 +1,5 @@
 """Chapter 04's exercises (ZeRO, Rajbhandari et al. 2020). None is answered in the chapter, and none can be
-passed by calling the package's own answer (each is marked ``@answer_of``, and
+passed by calling the package's own answer (each is listed in ``core.ANSWERS``, and
 :func:`parlab.exercises.core.refusing` refuses it while the learner's function runs):
 
 1. :func:`check_reduce_to_owners`: the paper's stage 2 (§5.2) reduces each rank's partition *to* that rank.
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, answer_of, first_difference, refusing, without
+from parlab.exercises.core import ExerciseFailed, Passed, first_difference, record_group, refusing
 from parlab.parallel.comm import _reduce_scatter
 
 FLAT_SIZES = (10, 7, 12, 1)  # elements in the flat gradients the check reduces: most do not divide evenly
@@ -25,7 +25,6 @@ FLAT_SIZES = (10, 7, 12, 1)  # elements in the flat gradients the check reduces:
 
 # -- 1. a reduce-scatter out of reduces -------------------------------------------------------------------------
 
-@answer_of("ch04.1")
 def _reference_owner_shards(flat: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's ⌈numel / N⌉ elements of the average of ``flat`` over the ranks (zeros past the end)."""
     n = dist.get_world_size(group)
@@ -38,20 +37,25 @@ def _reference_owner_shards(flat: torch.Tensor, group=None) -> torch.Tensor:
 
 
 def _owners_on_rank(fn) -> dict:
-    from parlab.measure import record_comm
-
     rank, n = parlab.rank(), parlab.world_size()
     findings, ops = [], set()
     for numel in FLAT_SIZES:
         flat = torch.arange(1.0, numel + 1) * (rank + 1)  # distinct per rank: a sum or a wrong rank shows
         want = _reference_owner_shards(flat.clone())
         try:
-            with record_comm() as seen, refusing("ch04.1", "write it with dist.reduce, not with the check's own "
-                                                            "reference"):
+            with record_group() as seen, refusing("ch04.1", "write it with dist.reduce, not with the check's own "
+                                                             "reference"):
                 got = fn(flat.clone())
         except ExerciseFailed as refused:
             return {"findings": [str(refused)], "ops": []}
         ops |= {r.op for r in seen.records}
+        roots = sorted(r.peer for r in seen.records if r.op == "reduce")
+        if not seen.records:
+            findings.append(f"{numel}-element gradient: no communication was recorded on the process group: every "
+                            f"rank's shard needs the other ranks' gradients (one dist.reduce per owner)")
+        elif not {r.op for r in seen.records} - {"reduce"} and roots != list(range(n)):
+            findings.append(f"{numel}-element gradient: the reduces had roots {roots}; each of the {n} ranks owns "
+                            f"one shard, so each is the root (dst) of exactly one reduce")
         problem = first_difference(got, want)
         if problem and isinstance(got, torch.Tensor) and got.numel() != want.numel():
             problem += (f": every rank's shard has ⌈{numel}/{n}⌉ = {want.numel()} elements (pad the gradient with "
@@ -83,7 +87,6 @@ def check_reduce_to_owners(fn, world_size: int = 3) -> Passed:
 
 # -- 2. what prefetch costs ---------------------------------------------------------------------------------------
 
-@answer_of("ch04.2")
 def reference_peak_gathered(block_numels, root_numel: int, prefetch: bool, world_size: int = 1) -> int:
     """Elements of gathered weights ``ZeroStage3`` holds at once: the root for the whole forward and backward,
     one block (without prefetch) or two neighbours (with: the next is gathered while this one runs), each
@@ -125,7 +128,6 @@ def check_peak_gathered(fn) -> Passed:
 ACCUMULATING = ("ddp", "zero1", "zero2", "zero3", "zero3_keep")
 
 
-@answer_of("ch04.3")
 def _accumulation_volume(strategy: str, micro_batches: int) -> float:
     m = micro_batches
     return {"ddp": 2, "zero1": 2, "zero2": m + 1, "zero3": 3 * m, "zero3_keep": 2 * m}[strategy]
@@ -136,14 +138,10 @@ def check_accumulation_volume(fn) -> Passed:
     units of Ψ, when gradients are accumulated over ``micro_batches`` forward/backward passes before one
     optimizer step: DDP with ``no_sync``, and the course's ``ZeroStage1``, ``ZeroStage2``, ``ZeroStage3``
     (``"zero3"``) and ``ZeroStage3(reshard_after_forward=False)`` (``"zero3_keep"``)."""
-    from parlab import planner
-
     for strategy in ACCUMULATING:
         for m in (1, 2, 8, 5):
             expected = _accumulation_volume(strategy, m)
-            # the planner's predict_dp_step is not marked yet (planner.py is being reworked): patched as before
-            why = "count the collectives yourself, not with the planner or the check's own answer"
-            with refusing("ch04.3", why), without(planner, ["predict_dp_step"], why):
+            with refusing("ch04.3", "count the collectives yourself, not with the planner or the check's own answer"):
                 got = fn(strategy, m)
             if not isinstance(got, (int, float)) or abs(got - expected) > 1e-9:
                 hint = ""

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import parlab
-from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, answer_of, check_choice, refusing
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, check_choice, refusing
 
 IN, OUT, BATCH = 12, 6, 5
 
@@ -125,7 +125,6 @@ GIVES = {"column": "split", "row": "partial"}  # what it leaves there
 OPS = ("none", "split", "all_gather", "all_reduce", "reduce_scatter")
 
 
-@answer_of("ch05.2")
 def _reference_tp_collectives(splits: list[str]) -> list[str]:
     """The op at each boundary of a chain of tensor-parallel linear layers (elementwise activations
     between them): before the first, between each pair, after the last (whose output must be whole)."""
@@ -136,7 +135,6 @@ def _reference_tp_collectives(splits: list[str]) -> list[str]:
     return [move[held, need] for held, need in _states(splits)]
 
 
-@answer_of("ch05.2")
 def _states(splits):
     """(what each rank holds, what comes next needs) at each boundary."""
     held = ["whole"] + [GIVES[s] for s in splits]
@@ -201,7 +199,6 @@ LITERAL_CHOICES = {
 }
 
 
-@answer_of("ch05.3")
 def _recompute_answer(batch, seq_len, hidden, tp_size):
     per_input = batch * seq_len * hidden * 4  # fp32
     return 2 * per_input * (tp_size - 1) // tp_size, 2

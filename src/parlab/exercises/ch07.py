@@ -1,31 +1,12 @@
 """Chapter 07's exercises: which ranks talk on a mesh, the memory a rank holds under a 3-D layout with ZeRO,
 and choosing a layout for a described cluster and model, each checked over many cases against the package
 (``Topology``, ``estimate_memory``, ``parlab.planner``), naming the first difference. While the learner's
-function runs, the package's own answer to the same question is refused (``exercises.core.without``)."""
+function runs, the package's own answer to the same question is refused (``core.refusing``: ``ch07.1`` to
+``ch07.3`` in ``core.ANSWERS``)."""
 
 from __future__ import annotations
 
-import contextlib
-
-from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, without
-from parlab.planner import search as _search
-from parlab.planner import step as _step
-
-#: The planner's pricing itself, bound here before any check refuses it: ``planner.predict`` and
-#: ``planner.candidates`` look up ``parlab.planner.step._predict`` when called, so refusing that one name
-#: (:func:`_without_planner`) refuses them however the learner imported them, while the checks price
-#: through these.
-_predict = _step._predict
-_candidates = _search._candidates
-
-
-def _without_planner(why: str):
-    """The planner's predictions refused while the learner's function runs (``exercises.core.without`` on the
-    one function every prediction goes through)."""
-    return without(_step, ("_predict",), why)
-
-#: What exercise 1 asks for, which ``Topology`` already knows.
-TOPOLOGY_ANSWERS = ("coords", "group_ranks", "groups", "rank_at", "describe")
+from parlab.exercises.core import ExerciseFailed, Passed, _call, _name, grading, refusing
 
 MESHES = [{"pp": 1, "dp": 4, "tp": 2}, {"pp": 2, "dp": 2, "tp": 2}, {"pp": 2, "dp": 3, "tp": 2},
           {"pp": 3, "dp": 1, "tp": 4}, {"pp": 4, "dp": 2, "tp": 1}, {"pp": 2, "dp": 1, "tp": 1}]
@@ -47,8 +28,8 @@ def check_group_ranks(fn) -> Passed:
         for rank in range(topo.world_size):
             for axis in ("pp", "dp", "tp"):
                 expected = topo.group_ranks(axis, rank)
-                with without(Topology, TOPOLOGY_ANSWERS, "the exercise asks for the groups worked out from the "
-                             "axis order, without parlab.parallel.Topology: what is the stride of each axis?"):
+                with refusing("ch07.1", "the exercise asks for the groups worked out from the axis order, "
+                              "without parlab.parallel.Topology: what is the stride of each axis?"):
                     got = _call(fn, rank=rank, axis=axis, sizes=dict(sizes))
                 count += 1
                 if not isinstance(got, (list, tuple)) or sorted(got) != expected:
@@ -70,20 +51,6 @@ def _model_states(num_params, dp, tp, pp, zero_stage):
                            tp_size=tp, pp_size=pp, zero_stage=zero_stage).model_states
 
 
-@contextlib.contextmanager
-def _without_estimator(why: str):
-    """``estimate_memory`` refused wherever the package keeps it, and the planner, which calls it."""
-    import parlab.measure
-    import parlab.measure.memory
-    from parlab.planner import memory
-
-    with contextlib.ExitStack() as stack:
-        for owner in (parlab.measure, parlab.measure.memory, memory):
-            stack.enter_context(without(owner, ("estimate_memory",), why))
-        stack.enter_context(_without_planner(why))
-        yield
-
-
 def check_model_states(fn) -> Passed:
     """``fn(num_params, dp, tp, pp, zero_stage)`` → bytes of weights, gradients and optimizer state one rank
     holds in bf16 mixed-precision training with Adam (fp32 master weights and moments), model split evenly
@@ -91,9 +58,8 @@ def check_model_states(fn) -> Passed:
     (and the planner, which calls it) the learner's function may not call."""
     for case in STATE_CASES:
         expected = _model_states(**case)
-        with _without_estimator("the exercise asks for the bytes counted yourself, without estimate_memory or "
-                                "the planner: bytes per parameter for weights, gradients, Adam; which are "
-                                "divided by what?"):
+        with refusing("ch07.2", "the exercise asks for the bytes counted yourself, without estimate_memory or "
+                      "the planner: bytes per parameter for weights, gradients, Adam; which are divided by what?"):
             got = _call(fn, **case)
         if not isinstance(got, (int, float)) or abs(got - expected) > 0.01 * expected:
             hint = ""
@@ -135,7 +101,7 @@ def scenarios(count: int = 4, seed: int | None = None) -> list:
             continue
         # some layout fits with room to spare (5 %): no scenario turns on a knife edge of the estimate
         if any(p.memory.total <= 0.95 * cluster.gpu.memory and p.layout.tp <= cluster.gpus_per_node
-               for p in _candidates(workload, cluster)):
+               for p in planner.candidates(workload, cluster)):
             out.append((description, workload, cluster))
     return out
 
@@ -148,17 +114,22 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
                         seed: int | None = None) -> Passed:
     """``fn(workload, cluster, price)`` → a ``parlab.planner.Layout`` for the cluster's ranks that fits in GPU
     memory, keeps TP inside a node, and whose predicted step time is within ``tolerance`` of the fastest
-    such layout the planner finds, in each of ``count`` scenarios drawn afresh (:func:`scenarios`): no
+    such layout the planner finds, in each of ``count`` scenarios drawn afresh (:func:`scenarios`, from
+    ``seed``; None: a new one, which a failure names, with the scenario, so the draw can be repeated): no
     answer can be written down in advance. ``price(layout)`` is the planner's prediction (``.step_s``,
     ``.fits``, ``.parts``, ``.memory``), for at most ``budget`` layouts per scenario: the learner shortlists by
     memory arithmetic (``estimate_memory`` is allowed) and the guide's rules, and prices only the shortlist.
     ``planner.predict`` and ``planner.candidates`` refuse while the learner's function runs, however they
-    were imported (:func:`_without_planner`)."""
+    were imported (``core.ANSWERS["ch07.3"]``: the one function every prediction goes through)."""
+    import random
+
     from parlab import planner
 
+    seed = random.randrange(10**6) if seed is None else seed  # printed on failure: the same draw again
     drawn = scenarios(count, seed)
-    for description, workload, cluster in drawn:
-        where = f"{_name(fn)} for {description}"
+    again = f"check_layout_choice({_name(fn)}, seed={seed}) draws these {count} scenarios again"
+    for index, (description, workload, cluster) in enumerate(drawn):
+        where = f"{_name(fn)} for scenario {index + 1} of {count} ({description}; {again})"
         priced = []
 
         def price(layout):
@@ -172,11 +143,12 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
                                      f"{cluster.gpu.memory / 1e9:.0f} GB, which axes may cross the links between "
                                      f"GPUs and between nodes; then price the few that are left.")
             try:
-                return _predict(workload, layout, cluster)
+                with grading():  # the check's own pricing, called from the learner's function
+                    return planner.predict(workload, layout, cluster)
             except ValueError as error:
                 raise ExerciseFailed(f"{where}: price({layout}): {error}") from None
 
-        with _without_planner("the exercise asks you to choose by the guide's rules and memory arithmetic, "
+        with refusing("ch07.3", "the exercise asks you to choose by the guide's rules and memory arithmetic, "
                               f"pricing at most {budget} layouts with the price argument, without the "
                               "planner's predict or candidates"):
             got = _call(fn, workload=workload, cluster=cluster, price=price)
@@ -188,10 +160,10 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
         if got.tp > cluster.gpus_per_node:
             raise ExerciseFailed(f"{where}: TP {got.tp} spans nodes of {cluster.gpus_per_node} GPUs")
         try:
-            mine = _predict(workload, got, cluster)
+            mine = planner.predict(workload, got, cluster)
         except ValueError as error:
             raise ExerciseFailed(f"{where}: {got} is not a layout of this batch: {error}") from None
-        best = next(p for p in _candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
+        best = next(p for p in planner.candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
         if not mine.fits:
             raise ExerciseFailed(f"{where}: {got} needs {mine.memory.total / 1e9:.1f} GB per GPU; it has "
                                  f"{cluster.gpu.memory / 1e9:.0f} GB")
@@ -200,4 +172,4 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
                                  f"a layout that fits takes {best.step_s:.2f} s. Where does yours lose time? "
                                  + ", ".join(f"{k} {v:.2f} s" for k, v in mine.parts.items() if v > 0))
     return Passed(f"{_name(fn)} picks a fitting layout within {tolerance:.0%} of the fastest in {len(drawn)} "
-                  f"scenarios drawn afresh, pricing at most {budget} layouts in each")
+                  f"scenarios drawn afresh (seed={seed}), pricing at most {budget} layouts in each")

@@ -57,14 +57,14 @@ def _ring_with(fn):
     q = torch.randn(B, HEADS, SEQ, D, generator=g, dtype=torch.float64)
     k, v = (torch.randn(B, KV_HEADS, SEQ, D, generator=g, dtype=torch.float64) for _ in range(2))
     layout = cpx.Layout(SEQ, n)
-    with refusing("ch09.1", OWN_COMBINE):
-        try:
+    try:
+        with refusing("ch09.1", OWN_COMBINE):
             problem = _diagnose_two_blocks(fn)
             if problem:
                 return {"problem": problem}
             out = cpx.ring_attention(*(layout.shard(t, r) for t in (q, k, v)), layout, combine_fn=fn)
-        except ExerciseFailed as refused:
-            return {"problem": str(refused)}
+    except ExerciseFailed as refused:
+        return {"problem": str(refused)}
     want = layout.shard(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), r)
     return {"problem": first_difference(out, want, atol=1e-9)}
 
@@ -75,11 +75,11 @@ def check_online_softmax_combine(fn, world_size: int = 2) -> Passed:
     attention (PyTorch's ``scaled_dot_product_attention``) over a 24-token sequence."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
-    with refusing("ch09.1", OWN_COMBINE):
-        try:
+    try:
+        with refusing("ch09.1", OWN_COMBINE):
             problem = _diagnose_two_blocks(fn)  # in this process first: a wrong rule fails without launching
-        except ExerciseFailed as refused:
-            problem = str(refused)
+    except ExerciseFailed as refused:
+        problem = str(refused)
     if problem:
         raise ExerciseFailed(f"{getattr(fn, '__name__', fn)}: {problem}")
     results = parlab.launch(_ring_with, world_size=world_size, args=(fn,), output="none", announce=False)
@@ -104,13 +104,13 @@ def _counts_on_rank(fn):
     routing = epx.route(logits, TOP_K, CAPACITY)
     kept = torch.bincount(routing.expert[routing.kept], minlength=EXPERTS)
     want = [int(kept[p.start:p.stop].sum()) for p in epx.placement(EXPERTS, n)]
-    with refusing("ch09.2", "count the slots yourself from routing.expert, in the priority order stated"):
-        try:
+    try:
+        with refusing("ch09.2", "count the slots yourself from routing.expert, in the priority order stated"):
             got = fn(routing.expert.clone(), EXPERTS, n, CAPACITY)
-        except NotImplementedError:
-            return {"problem": "received is not written yet (it raises NotImplementedError)"}
-        except ExerciseFailed as refused:
-            return {"problem": str(refused)}
+    except NotImplementedError:
+        return {"problem": "received is not written yet (it raises NotImplementedError)"}
+    except ExerciseFailed as refused:
+        return {"problem": str(refused)}
     got = [int(x) for x in got] if isinstance(got, (list, tuple, torch.Tensor)) else got
     if got == want:
         return {"problem": None}

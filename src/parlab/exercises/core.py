@@ -9,9 +9,12 @@ A check returns a :class:`Passed` (its ``repr`` is the pass message, so a notebo
   like ``dist.all_reduce``.
 - :func:`check_function`: plain (single-process) functions over a list of cases.
 - :func:`first_difference`: the sentence that names the first differing element of two tensors.
-- :func:`answer_of` and :func:`refusing`: the one refusal. ``@answer_of("ch06.1")`` marks a package function
-  as the answer to an exercise; while a check runs the learner's code ``with refusing("ch06.1", why):``, the
-  marked function object itself fails the check, however the learner reached it (see below).
+- :data:`ANSWERS` and :func:`refusing`: the one refusal. ``ANSWERS["ch06.1"]`` names the package functions that
+  answer an exercise; while a check runs the learner's code ``with refusing("ch06.1", why):``, their code fails
+  the check, however the learner reached it (see below); :func:`grading` for the check's own code called from
+  the learner's; :func:`without` refuses named functions the same way.
+- :func:`record_group`: every op issued on a process group while the learner's code runs, whatever thread or
+  dispatch mode issues it, each send's partner included (``CommRecord.peer``).
 """
 
 from __future__ import annotations
@@ -60,20 +63,114 @@ def first_difference(got, expected, atol=1e-5, rtol=1e-5) -> str | None:
 
 
 def _run_pair(fn, reference, make_input, record, refuse):
-    from parlab.measure import record_comm
-
     rank, n = dist.get_rank(), dist.get_world_size()
     x = make_input(rank, n)
     theirs = x.clone()
     ref_out = reference(theirs)
     expected = theirs if ref_out is None else ref_out
     mine = x.clone()
-    with _refusing_if(refuse), record_comm() as log:
+    with _refusing_if(refuse), record_group() as log:
         out = fn(mine)
     got = mine if out is None else out
     got = got.detach().cpu() if isinstance(got, torch.Tensor) else got
     return {"input": x, "got": got, "expected": expected.detach().cpu(),
-            "records": log.records if record else []}
+            "records": log.records if record else [], "early": log.early if record else []}
+
+
+# -- what the learner's code sent: recorded on the process group itself ------------------------------------------
+#
+# Every ``torch.distributed`` call on a group (``dist.all_reduce``, ``dist.isend``, ``batch_isend_irecv`` …) ends
+# in a method of ``dist.ProcessGroup``; ``record_group`` records each call there, whichever thread issues it and
+# under whatever dispatch mode (``record_comm``, a dispatch mode, sees only its own thread, and not code run under
+# ``_disable_current_modes``). Not seen: ops issued from C++ (DDP's reducer) or straight through
+# ``torch.ops.c10d``.
+
+#: ProcessGroup method -> the op it runs
+_GROUP_OPS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "broadcast": "broadcast",
+              "reduce": "reduce", "allgather": "all_gather", "_allgather_base": "all_gather",
+              "allgather_into_tensor_coalesced": "all_gather", "allgather_coalesced": "all_gather",
+              "all_gather_single": "all_gather", "all_gather_single_coalesced": "all_gather",
+              "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+              "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+              "reduce_scatter_single_coalesced": "reduce_scatter", "alltoall": "all_to_all",
+              "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all", "gather": "gather",
+              "scatter": "scatter", "send": "send", "recv": "recv", "recv_anysource": "recv", "barrier": "barrier",
+              "monitored_barrier": "barrier"}
+
+
+class GroupLog:
+    """What :func:`record_group` saw: ``records`` (``CommRecord``, ``peer`` set for sends and receives (the
+    other side) and reduces (the root), in the
+    order issued), and ``early``: the records of sends whose buffer was written before the send was waited on."""
+
+    def __init__(self):
+        self.records, self.early = [], []
+
+
+class _WatchedSend:
+    """A send's ``Work``, which notes whether the buffer sent was written (its ``_version`` moved) before the
+    send was waited on."""
+
+    def __init__(self, work, tensors, record, log):
+        self._work, self._record, self._log, self._waited = work, record, log, False
+        self._versions = [(t, t._version) for t in tensors]
+
+    def _note(self):
+        if not self._waited:
+            self._waited = True
+            if any(t._version != v for t, v in self._versions):
+                self._log.early.append(self._record)
+
+    def wait(self, *args, **kwargs):
+        self._note()
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def record_group():
+    """Record every op issued on any process group while the body runs (yields a :class:`GroupLog`)."""
+    import time
+
+    from parlab.measure.comm import CommRecord
+    from parlab.measure.comm import _tensor_bytes as _nbytes
+
+    log = GroupLog()
+    cls = dist.ProcessGroup
+    kept = {name: vars(cls)[name] for name in _GROUP_OPS if name in vars(cls)}
+
+    def recorded(name, method):
+        op = _GROUP_OPS[name]
+
+        def call(group, *args, **kwargs):
+            start = time.perf_counter()
+            work = method(group, *args, **kwargs)
+            peer = None  # the other side of a send or receive, the root of a reduce: as a global rank
+            other = args[1] if op in ("send", "recv") and len(args) > 1 else getattr(
+                args[1] if len(args) > 1 else None, "rootRank", None) if op == "reduce" else None
+            if isinstance(other, int):
+                try:
+                    peer = dist.get_global_rank(group, other)
+                except (ValueError, RuntimeError):  # a group the registry does not know: its own numbering
+                    peer = other
+            nbytes = _nbytes(args[0]) if op in ("send", "recv") else max((_nbytes(a) for a in args), default=0)
+            record = CommRecord(op, nbytes, group.size(), start, time.perf_counter(), dist.get_rank(),
+                                group.rank(), None, peer)
+            log.records.append(record)
+            if op == "send":
+                return _WatchedSend(work, list(args[0]), record, log)
+            return work
+        return call
+
+    try:
+        for name, method in kept.items():
+            setattr(cls, name, recorded(name, method))
+        yield log
+    finally:
+        for name, method in kept.items():
+            setattr(cls, name, method)
 
 
 def _refusing_if(refuse):
@@ -110,94 +207,207 @@ def _call(fn, **kwargs):
 
 # -- the one refusal ---------------------------------------------------------------------------------------------
 #
-# An exercise that asks for something the package already has must not be passed by calling the package. The
-# refusal lives in the answer's function object (the wrapper ``answer_of`` returns), so every way of reaching
-# that object is refused alike: an alias bound before the check (``from m import f as g``), a default argument,
-# ``functools.partial``, a dict or list holding it, a re-export, a copy of a class's ``__dict__``, a method
-# called through its instance, and ``importlib.reload`` (which decorates the fresh function again).
+# An exercise that asks for something the package already has must not be passed by calling the package. Which
+# package functions answer which exercise is declared here, in :data:`ANSWERS`, by dotted name: the product code
+# carries no marker. While a check runs the learner's code (``refusing``), a profile hook (``sys.setprofile``, and
+# ``threading.setprofile`` for threads started meanwhile) looks at every Python call; one whose code is an
+# answer's (same file, first line and qualified name) fails the check. The code is what is refused, not a name,
+# so every way of reaching it is refused alike: an alias bound before the check (``from m import f as g``), a
+# default argument, ``functools.partial``, a dict or list holding it, a re-export, a copy of a class's
+# ``__dict__``, a subclass, a method called through its instance, and ``importlib.reload`` (a fresh function,
+# the same file, line and name).
 #
-# Which exercises are being checked is process-wide state, not a ``ContextVar``: a thread or an executor the
-# learner starts begins with an empty context and would escape a context variable, never a global. Checks run
-# the learner's code on ranks in other processes (``parlab.launch``), so the check enters ``refusing`` inside
-# the function it launches, on every rank. ``reload`` of this module keeps the state (its globals survive).
+# A refusal raised inside the learner's code may be caught there (``try: ... except: pass``), and the hook is
+# unset on that thread when it raises (CPython does so); so every refusal is also logged, and ``refusing``
+# fails the check on exit whatever the learner did with it. Which answers are refused is process-wide state,
+# not a ``ContextVar``: a thread the learner starts begins with an empty context. Checks run the learner's code
+# on ranks in other processes (``parlab.launch``), so a check enters ``refusing`` on every rank, inside the
+# function it launches. ``reload`` of this module keeps the state (its globals survive).
 
-#: exercise -> why its answers are refused, for the checks running now (a check may nest in another)
-_REFUSED: dict = globals().get("_REFUSED", {})
-_LOCK = globals().get("_LOCK") or threading.Lock()
-#: exercise -> the qualified names of the functions marked as its answer (what ``refused_answers`` reports)
-_ANSWERS: dict = globals().get("_ANSWERS", {})
+#: exercise -> the dotted names (module, then attributes) of the package functions that answer it. A name that
+#: does not resolve fails the check that refuses it (``tests/test_exercises.py`` resolves them all).
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "ch01.1": ("parlab.exercises.ch01._measured_mlp_bytes", "parlab.exercises.ch01.GatedReLUMLP.forward",
+               "parlab.measure.memory.measure_activations", "parlab.measure.activations.layer_terms",
+               "parlab.measure.memory.activation_bytes_per_layer", "parlab.measure.memory.estimate_memory"),
+    "ch01.2": ("parlab.exercises.ch01._layer_bytes", "parlab.measure.activations.layer_terms",
+               "parlab.measure.memory.activation_bytes_per_layer", "parlab.measure.memory.estimate_memory",
+               "parlab.measure.memory.measure_activations"),
+    "ch01.3": ("parlab.exercises.ch01._max_params", "parlab.exercises.ch01._per_param_bytes",
+               "parlab.measure.memory.estimate_memory", "parlab.measure.memory.activation_bytes_per_layer",
+               "parlab.measure.activations.layer_terms", "parlab.measure.memory.measure_activations"),
+    "ch02.2": ("parlab.exercises.ch02._crossover_bytes",),
+    "ch03.2": ("parlab.exercises.ch03._reference_buckets", "parlab.measure.memory.ddp_buckets"),
+    "ch04.1": ("parlab.exercises.ch04._reference_owner_shards",),
+    "ch04.2": ("parlab.exercises.ch04.reference_peak_gathered",),
+    "ch04.3": ("parlab.exercises.ch04._accumulation_volume", "parlab.planner.data_parallel.predict_dp_step"),
+    "ch05.1": ("parlab.parallel.tensor.RowParallelLinear.forward",),
+    "ch05.2": ("parlab.exercises.ch05._reference_tp_collectives", "parlab.exercises.ch05._states"),
+    "ch05.3": ("parlab.exercises.ch05._recompute_answer",),
+    "ch06.1": ("parlab.parallel.pipeline_schedule.naive", "parlab.parallel.pipeline_schedule.gpipe",
+               "parlab.parallel.pipeline_schedule.one_f_one_b",
+               "parlab.parallel.pipeline_schedule.interleaved_1f1b", "parlab.parallel.pipeline_schedule.make"),
+    "ch06.2": ("parlab.exercises.ch06._smallest_m",),
+    "ch06.3": ("parlab.parallel.pipeline_schedule.in_flight", "parlab.parallel.pipeline_schedule.peak_in_flight"),
+    "ch07.1": tuple(f"parlab.parallel.topology.Topology.{name}"
+                    for name in ("coords", "group_ranks", "groups", "rank_at", "describe")),
+    "ch07.2": ("parlab.measure.memory.estimate_memory", "parlab.planner.step._predict"),
+    "ch07.3": ("parlab.planner.step._predict",),
+    "ch09.1": ("parlab.parallel.context.combine",),
+    "ch09.2": ("parlab.parallel.expert.route", "parlab.parallel.expert.dispatch"),
+}
+
+#: (exercise, why) of the scopes open now, innermost last (a check may nest in another)
+_REFUSED: list = globals().get("_REFUSED", [])
+_LOCK = globals().get("_LOCK") or threading.RLock()
+#: co_filename -> {(co_firstlineno, co_qualname): [(label, why), ...]}: the code refused now, innermost last
+_CODES: dict = globals().get("_CODES", {})
+#: every refusal raised, in order: ``refusing`` fails its check on exit if one was raised inside it
+_STRUCK: list = globals().get("_STRUCK", [])
+#: the profile hooks to restore when the outermost scope closes
+_KEPT: list = globals().get("_KEPT", [])
+_GRADING = globals().get("_GRADING") or threading.local()
 
 
-def answer_of(*exercises: str):
-    """Mark a package function as the answer to ``exercises`` (ids like ``"ch06.1"``): while a check for one
-    of them runs (:func:`refusing`), calling it fails the check. Outside a check it is the function itself,
-    its source and signature unchanged (``inspect`` follows ``__wrapped__``)."""
-    def mark(fn):
-        label = f"{fn.__module__}.{fn.__qualname__}"
+def _resolve(dotted: str):
+    """The object a dotted name names, walked from its top package: a submodule where one is (imported if need
+    be), else an attribute (a class's own ``__dict__`` entry for a method, so a staticmethod or property is
+    found as defined)."""
+    import importlib
+    import sys
 
-        @functools.wraps(fn)
-        def answer(*args, **kwargs):
-            if _REFUSED:
-                for exercise in exercises:
-                    if exercise in _REFUSED:
-                        raise ExerciseFailed(f"{label} is the package's answer to this exercise: "
-                                             f"{_REFUSED[exercise]}")
-            return fn(*args, **kwargs)
+    parts = dotted.split(".")
+    obj, path = importlib.import_module(parts[0]), parts[0]
+    for name in parts[1:]:
+        path = f"{path}.{name}"
+        if path in sys.modules:
+            obj = sys.modules[path]
+        elif isinstance(obj, type) and name in vars(obj):
+            obj = vars(obj)[name]
+        elif hasattr(obj, name):
+            obj = getattr(obj, name)
+        else:
+            obj = importlib.import_module(path)
+    return obj
 
-        answer.__answer_of__ = exercises
-        for exercise in exercises:
-            names = _ANSWERS.setdefault(exercise, [])
-            if label not in names:
-                names.append(label)
-        return answer
-    return mark
+
+def _code_of(obj):
+    """The code object a function-like ``obj`` runs (through wrappers, bound methods, staticmethod, property,
+    partial); ``TypeError`` if it has none."""
+    for _ in range(20):
+        if isinstance(obj, property):
+            obj = obj.fget
+        elif isinstance(obj, functools.partial):
+            obj = obj.func
+        elif hasattr(obj, "__wrapped__"):
+            obj = obj.__wrapped__
+        elif hasattr(obj, "__func__"):
+            obj = obj.__func__
+        elif hasattr(obj, "__code__"):
+            return obj.__code__
+        else:
+            break
+    raise TypeError(f"{obj!r} is not a Python function: its code cannot be refused")
 
 
 def refused_answers(exercise: str) -> list[str]:
-    """The qualified names of the package functions marked as ``exercise``'s answer (imported so far)."""
-    return list(_ANSWERS.get(exercise, ()))
+    """The dotted names of the package functions that answer ``exercise`` (:data:`ANSWERS`)."""
+    return list(ANSWERS.get(exercise, ()))
+
+
+def _hook(frame, event, arg):
+    if event != "call":
+        return
+    code = frame.f_code
+    by_file = _CODES.get(code.co_filename)
+    if by_file is None:
+        return
+    held = by_file.get((code.co_firstlineno, code.co_qualname))
+    if held and not getattr(_GRADING, "depth", 0):
+        label, why = held[-1]
+        message = f"{label} is the package's answer to this exercise: {why}"
+        _STRUCK.append(message)
+        raise ExerciseFailed(message)
 
 
 @contextlib.contextmanager
-def refusing(exercise: str, why: str):
-    """Run the body with every function marked ``@answer_of(exercise)`` failing the check, saying ``why``.
-    The check computes its expected values before entering it; enter it on the ranks, inside the function a
-    check launches, for the learner's code that runs there."""
+def grading():
+    """The check's own code, called from inside the learner's (a ``price`` function the learner is given):
+    the answers it calls are not refused."""
+    _GRADING.depth = getattr(_GRADING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _GRADING.depth -= 1
+
+
+def _keys(objects) -> list:
+    keys = []
+    for obj in objects:
+        code = _code_of(obj)
+        module = getattr(obj, "__module__", None) or getattr(getattr(obj, "fget", None), "__module__", "")
+        keys.append((code.co_filename, (code.co_firstlineno, code.co_qualname), f"{module}.{code.co_qualname}"))
+    return keys
+
+
+@contextlib.contextmanager
+def _refusing_objects(objects, scope, why: str):
+    """The body runs with the code of every one of ``objects`` failing the check, saying ``why``."""
+    import sys
+
+    keys = _keys(objects)
     with _LOCK:
-        kept = _REFUSED.get(exercise)
-        _REFUSED[exercise] = why
+        if not _REFUSED:
+            _KEPT.append((sys.getprofile(), threading.getprofile()))
+        _REFUSED.append((scope, why))
+        for filename, key, label in keys:
+            _CODES.setdefault(filename, {}).setdefault(key, []).append((label, why))
+        struck = len(_STRUCK)
+        sys.setprofile(_hook)
+        threading.setprofile(_hook)
+    failed = None
     try:
         yield
     finally:
         with _LOCK:
-            if kept is None:
-                _REFUSED.pop(exercise, None)
+            if sys.getprofile() is not _hook and len(_STRUCK) == struck:  # CPython unsets it only when it raises
+                _STRUCK.append(f"the check's profile hook was replaced while your code ran (sys.setprofile): "
+                               f"{why}")
+            for filename, key, label in keys:
+                held = _CODES[filename][key]
+                held.remove((label, why))
+                if not held:
+                    del _CODES[filename][key]
+                if not _CODES[filename]:
+                    del _CODES[filename]
+            _REFUSED.remove((scope, why))
+            if _REFUSED:
+                sys.setprofile(_hook)  # CPython unsets a hook that raised: the outer scope needs it back
             else:
-                _REFUSED[exercise] = kept
+                kept_sys, kept_threading = _KEPT.pop()
+                sys.setprofile(kept_sys)
+                threading.setprofile(kept_threading)
+            if len(_STRUCK) > struck:
+                failed = _STRUCK[struck]
+                del _STRUCK[struck:]
+        if failed is not None:  # refused, whether the learner's code caught it or not
+            raise ExerciseFailed(failed) from None
 
 
-@contextlib.contextmanager
+def refusing(exercise: str, why: str):
+    """Run the body with every function :data:`ANSWERS` lists for ``exercise`` failing the check, saying
+    ``why``, however it is reached. The check computes its expected values before entering it; enter it on the
+    ranks, inside the function a check launches, for the learner's code that runs there."""
+    if exercise not in ANSWERS:
+        raise KeyError(f"no answers are declared for exercise {exercise!r} (parlab.exercises.core.ANSWERS)")
+    return _refusing_objects([_resolve(name) for name in ANSWERS[exercise]], exercise, why)
+
+
 def without(owner, names, why: str):
-    """Chapter 07's and 08's older refusal, kept until they move to :func:`answer_of`: ``owner.<name>`` for
-    each of ``names`` is replaced while the body runs, so only lookups through ``owner`` at call time fail.
-    A marked answer among them is refused as an object instead, and left in place: a module first imported
-    inside the body (``from m import f``) would otherwise keep the replacement for good."""
-    def refuse(*args, **kwargs):
-        raise ExerciseFailed(why)
-
-    found = {name: getattr(owner, name) for name in names}
-    marks = {e for value in found.values() for e in getattr(value, "__answer_of__", ())}
-    kept = {name: value for name, value in found.items() if not hasattr(value, "__answer_of__")}
-    with contextlib.ExitStack() as stack:
-        for exercise in sorted(marks):
-            stack.enter_context(refusing(exercise, why))
-        try:
-            for name in kept:
-                setattr(owner, name, refuse)
-            yield
-        finally:
-            for name, value in kept.items():
-                setattr(owner, name, value)
+    """``owner.<name>`` for each of ``names`` refused as code while the body runs (as :func:`refusing` refuses
+    an exercise's answers), however the learner reached it; nothing is replaced."""
+    return _refusing_objects([getattr(owner, name) for name in names], f"{getattr(owner, '__name__', owner)}",
+                             why)
 
 
 def check_choice(what: str, letter, choices: dict, right: str) -> Passed:

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from parlab.exercises.core import answer_of
 
 KORTHIKANTI = "Korthikanti et al. 2022, §4.1"
 HF = "transformers"  # the model's own source (models/<family>/modeling_<family>.py)
@@ -232,7 +231,6 @@ def _dropout_terms(name: str, p: float, n: int, m: float, tp: str) -> list[Term]
     return [Term(f"{name} dropout mask", n, m, f"{KORTHIKANTI}; mask bytes: ATen Dropout.cpp", tp)]
 
 
-@answer_of("ch01.1", "ch01.2", "ch01.3")
 def layer_terms(arch: Architecture, seq_len: int, micro_batch: int, bytes_per_value: int,
                 device: str = "cuda") -> list[Term]:
     """Every tensor one transformer layer keeps for backward (see the module docstring)."""

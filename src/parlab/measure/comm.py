@@ -89,6 +89,7 @@ class CommRecord:
     rank: int = 0
     group_rank: int = 0
     label: object = None
+    peer: int | None = None
 
     @property
     def seconds(self) -> float:

@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from parlab.exercises.core import answer_of
 from parlab.measure.activation_estimate import architecture, estimate_activations
 from parlab.measure.activation_tracker import ActivationTracker
 from parlab.measure.activations import ATTENTIONS, DEVICES, meta_model
@@ -121,7 +120,6 @@ def count_params(model) -> int:
                     f"(e.g. GPT2Config(...)); for a bare count pass num_params=")
 
 
-@answer_of("ch01.1", "ch01.2", "ch01.3")
 def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, bytes_per_value=2, dropout=True,
                                tp_size=1, sequence_parallel=False, checkpointing=False) -> int:
     """Korthikanti et al. 2022's count for one GPT layer (§4.1, eq. 1–3, 5), written per value.
@@ -149,7 +147,6 @@ def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, bytes_per_va
     return split // t + replicated // (t if sequence_parallel else 1)
 
 
-@answer_of("ch01.1", "ch01.2", "ch01.3", "ch07.2")
 def estimate_memory(model=None, *, num_params: int | float | None = None, precision: str = "fp32",
                     optimizer: str = "adam", world_size: int = 1, zero_stage: int = 0, tp_size: int = 1,
                     pp_size: int = 1, micro_batch: int = 0, seq_len: int | None = None,
@@ -273,7 +270,6 @@ def _optimizer_tensors(optimizer):
         yield from (v for v in state.values() if isinstance(v, torch.Tensor))
 
 
-@answer_of("ch03.2")
 def ddp_buckets(ddp_model) -> list[tuple[list[str], int]]:
     """(parameter names, bytes) of each gradient bucket of a ``DistributedDataParallel`` model, in the
     order its reducer launches them (chapter 03).
@@ -313,7 +309,6 @@ def measure_memory(model: nn.Module, optimizer=None) -> MemoryMeasurement:
     return MemoryMeasurement(params, grads, opt, peak, buckets)
 
 
-@answer_of("ch01.1", "ch01.2", "ch01.3")
 def measure_activations(model: nn.Module, *inputs, **kwargs) -> int:
     """Bytes autograd saves for backward during ``model(*inputs, **kwargs)``, weights excluded.
 

@@ -117,7 +117,8 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     def report(_=None):
         if tensor.is_cuda:  # NCCL returns once the op is queued (and its future on the stream): its end is later
             torch.cuda.synchronize(tensor.device)
-        on_collective(CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label))
+        on_collective(CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label,
+                                 dist.get_global_rank(group, peer) if op in ("send", "recv") else None))
 
     if work is None:
         report()
@@ -157,14 +158,16 @@ def communicate_batch(messages, group=None, *, on_collective: OnCollective | Non
         works = [works[-1]] * len(ops)
     rank, group_rank, size = describe_group(group)
 
-    def reporter(op, tensor, label):
+    def reporter(op, tensor, peer, label):
         def report():
             if on_collective is not None:
                 on_collective(CommRecord(op, tensor.numel() * tensor.element_size(), size, start,
-                                         time.perf_counter(), rank, group_rank, label))
+                                         time.perf_counter(), rank, group_rank, label,
+                                         dist.get_global_rank(group, peer)))
         return report
 
-    return [_ReportOnWait(w, reporter(op, tensor, label)) for w, (op, tensor, _, label) in zip(works, messages)]
+    return [_ReportOnWait(w, reporter(op, tensor, peer, label))
+            for w, (op, tensor, peer, label) in zip(works, messages)]
 
 
 class _ReportOnWait:

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from parlab.checks import positive_int
-from parlab.exercises.core import answer_of
 from parlab.parallel.comm import OnCollective, communicate
 
 
@@ -79,7 +78,6 @@ class Routing:
         return int((~self.kept).all(-1).sum())
 
 
-@answer_of("ch09.2")
 def route(logits: torch.Tensor, top_k: int, capacity_: int) -> Routing:
     """Top-k routing with a capacity (GShard §2.2): first choices take their slots before second choices,
     and within a choice earlier tokens first. logits: (T, E). Gates: top-1, the raw probability (Switch);
@@ -105,7 +103,6 @@ def load_balancing_loss(routing: Routing) -> torch.Tensor:
     return num_experts * (f * routing.probs.mean(0)).sum()
 
 
-@answer_of("ch09.2")
 def dispatch(x: torch.Tensor, routing: Routing, num_experts: int) -> torch.Tensor:
     """Copy each kept (token, choice) into its expert's slot. x (T, h) -> (E, capacity, h), zeros where unused."""
     tokens, choice = routing.kept.nonzero(as_tuple=True)

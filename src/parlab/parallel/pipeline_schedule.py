@@ -37,7 +37,6 @@ import re
 from dataclasses import dataclass, field
 
 from parlab.checks import positive_int
-from parlab.exercises.core import answer_of
 
 KINDS = {"F": "forward", "B": "backward", "I": "backward, input gradient", "W": "backward, weight gradient"}
 #: Relative cost of each kind for a whole stage (one rank's layers); a common rule of thumb is that a
@@ -141,14 +140,12 @@ def _check_sizes(p, m, v=1):
     positive_int("v", v, "stages per rank")
 
 
-@answer_of("ch06.1")
 def naive(p: int) -> Schedule:
     """Model parallelism without micro-batches: the batch goes forward through the ranks, then back."""
     _check_sizes(p, 1)
     return Schedule("naive", p, 1, p, [[Op("F", 0, r), Op("B", 0, r)] for r in range(p)])
 
 
-@answer_of("ch06.1")
 def gpipe(p: int, m: int) -> Schedule:
     """GPipe: every rank runs the forwards of all ``m`` micro-batches, then their backwards (Huang et al.
     2019). Each rank holds the activations of all ``m`` micro-batches at once."""
@@ -157,7 +154,6 @@ def gpipe(p: int, m: int) -> Schedule:
                                        for r in range(p)])
 
 
-@answer_of("ch06.1")
 def one_f_one_b(p: int, m: int) -> Schedule:
     """1F1B: rank r runs ``p − r − 1`` warm-up forwards, then alternates one forward and one backward,
     then drains the remaining backwards. A backward frees a micro-batch's activations as soon as possible,
@@ -174,7 +170,6 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1F1B", p, m, p, ops)
 
 
-@answer_of("ch06.1")
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     """Interleaved 1F1B: rank r holds the ``v`` stages r, r + p, r + 2p, … (each 1/v of a plain stage)
     and cycles through them in rounds of micro-batches, depth first (Narayanan et al. 2021, Megatron-LM,
@@ -217,7 +212,6 @@ SCHEDULES = {"naive": lambda p, m, v: naive(p), "gpipe": lambda p, m, v: gpipe(p
              "1f1b": lambda p, m, v: one_f_one_b(p, m), "interleaved": interleaved_1f1b}
 
 
-@answer_of("ch06.1")
 def make(name: str, p: int, m: int, v: int = 2) -> Schedule:
     """The schedule called ``name`` (one of :data:`SCHEDULES`) for ``p`` ranks and ``m`` micro-batches;
     ``v`` stages per rank is used by ``"interleaved"`` only. The simulator widget builds through this."""
@@ -332,7 +326,6 @@ def bubble_formula(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
-@answer_of("ch06.3")
 def in_flight(schedule: Schedule, rank: int) -> list[int]:
     """After each of ``rank``'s operations, the number of (stage, micro-batch) pairs whose activations it
     holds: a forward adds one; the backward that finishes with them (B, or W when backward is split)
@@ -348,7 +341,6 @@ def in_flight(schedule: Schedule, rank: int) -> list[int]:
     return out
 
 
-@answer_of("ch06.3")
 def peak_in_flight(schedule: Schedule) -> list[int]:
     """Per rank, the most (stage, micro-batch) activations held at once (see :func:`in_flight`)."""
     return [max(in_flight(schedule, r)) for r in range(schedule.num_ranks)]

@@ -38,7 +38,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from parlab.exercises.core import answer_of
 from parlab.parallel.comm import OnCollective, communicate
 
 SEQ_DIM = 1  # transformers' activations are (batch, seq, hidden); Megatron's are (seq, batch, hidden)
@@ -258,7 +257,6 @@ class RowParallelLinear(Sharded):
         if self.bias is not None and output == "reduce_scatter":
             sum_grad_over_tp(self.bias, self.comm)  # added to a sequence chunk: a partial gradient
 
-    @answer_of("ch05.1")
     def forward(self, x):  # (..., in_features / t): this rank's slice of the features
         y = F.linear(x, self.weight)  # (..., out_features): this rank's partial sum
         y = reduce_from_tp(y, self.comm) if self.output == "reduce" else sp_reduce_scatter(y, self.comm)

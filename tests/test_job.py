@@ -289,8 +289,10 @@ def test_train_py_divides_by_the_global_token_count_and_a_mean_over_micro_batche
         assert_close(p, expected["params"][name], msg=name)
     # the planted bug: each micro-batch's mean loss / accumulation, as before num_items_in_batch
     (tmp_path / "mean").mkdir()
-    planted = _train_py(tmp_path / "mean", {BACKWARD: "(model(input_ids=x, labels=y).loss / len(mine)).backward()"})
+    mean = "(summed / (y[:, 1:] != -100).sum() / len(mine)).backward()"
+    planted = _train_py(tmp_path / "mean", {BACKWARD: mean})
     wrong, wrong_params = _run_train_py(tmp_path / "mean", 2, planted, "out")
+    assert_close(wrong[0], expected["losses"][0])  # the same first forward: only the gradients are wrong
     with pytest.raises(AssertionError):
         assert_close(torch.tensor(wrong), torch.tensor(expected["losses"]))
     gap = max((wrong_params[n] - p).abs().max().item() for n, p in expected["params"].items())
@@ -313,6 +315,27 @@ def test_train_py_resumes_at_another_world_size_and_needs_its_generator(tmp_path
         assert_close(torch.tensor(wrong), torch.tensor(losses[2:]))
 
 
+def test_train_py_checkpoints_activations_before_sharding_and_transformers_recomputes():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    script = "\n".join(c.source for c in notebook.cells if c.source.startswith("%%writefile") and "train.py" in c.source)
+    assert 0 < script.index("model.activation_checkpointing_enable()") < script.index("fully_shard(block")
+    # what that call does in this transformers: each block's attention runs again in backward
+    from transformers import AutoModelForCausalLM
+
+    runs = {}
+    for checkpointing in (False, True):
+        model = AutoModelForCausalLM.from_config(train_fsdp.build_model(train_fsdp.CONFIG).config)
+        model.config.use_cache = False
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        calls = []
+        model.transformer.h[0].attn.register_forward_pre_hook(lambda *_: calls.append(1))
+        x = train_fsdp.dataset(train_fsdp.CONFIG)[:2]
+        model(input_ids=x).logits.sum().backward()
+        runs[checkpointing] = len(calls)
+    assert runs == {False: 1, True: 2}, runs
+
+
 def test_the_tokenizer_and_rows_refuse_what_they_cannot_make():
     from parlab.job import data
 
@@ -324,3 +347,43 @@ def test_the_tokenizer_and_rows_refuse_what_they_cannot_make():
     rows = data.token_rows(tokenizer, ["a short text", "another one, a little longer"], rows=2, seq_len=64)
     assert ((rows["labels"] == -100) == (rows["input_ids"] == tokenizer.token_to_id("<pad>"))).all()
     assert tokenizer.decode(rows["input_ids"][0][rows["labels"][0] != -100].tolist()) == "a short text"
+
+
+# -- a hang, with a cluster's tools -----------------------------------------------------------------------
+
+def test_a_group_timeout_ends_a_collective_only_one_rank_called():
+    from parlab.job import debug
+
+    errors = parlab.launch(debug.collective_timeout, 2, kwargs={"seconds": 1}, timeout=60, announce=False)
+    assert errors[1] is None and "Timed out waiting 1000ms" in errors[0]
+
+
+def _py_spy_cannot_attach() -> str | None:
+    """Why py-spy cannot read another process of this user here, or None when it can."""
+    import subprocess
+
+    from parlab.job import debug
+
+    exe = debug.py_spy_exe()
+    if exe is None:
+        return "py-spy is not installed (pip install -e '.[dev]')"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        done = subprocess.run([exe, "dump", "--pid", str(sleeper.pid)], capture_output=True, text=True, timeout=60)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    return None if done.returncode == 0 else f"py-spy cannot attach here (ptrace): {done.stderr.strip()[:200]}"
+
+
+def test_py_spy_finds_a_hung_rank_inside_its_collective():
+    from parlab.job import debug
+
+    reason = _py_spy_cannot_attach()
+    if reason:
+        pytest.skip(reason)
+    dump = parlab.launch(debug.py_spy_dump, 2, timeout=120, announce=False)[1]
+    main_thread = dump.split("\nThread ")[1]
+    frames = [line.strip() for line in main_thread.splitlines()[1:]]
+    assert frames[0].startswith("all_reduce (torch/distributed/distributed_c10d.py"), main_thread
+    assert any(f.startswith("py_spy_dump (parlab/job/debug.py") for f in frames), main_thread

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def py_spy_dump(attempts: int = 50) -> str | None:
                 break
         if done.returncode:
             raise RuntimeError(f"py-spy could not read rank 0 (exit {done.returncode}): {done.stderr.strip()}")
-        return done.stdout
+        return re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)  # without the colours it adds under some terminals
     finally:
         dist.all_reduce(t)  # always: the other ranks must not be left waiting
 

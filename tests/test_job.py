@@ -1,7 +1,8 @@
 """Chapter 08's job: the Trainer under parlab.launch as under torchrun and as one process, the accelerate loop
 as one process, the silent DDP fallback of FSDP on CPU, the resharded resume from a sharded checkpoint, and
 the exercise's check in both directions (a loop without fully_shard, one that does not resume from its
-checkpoint)."""
+checkpoint); the chapter's own train.py, assembled from its cells, against one process with planted bugs (a
+mean per micro-batch, a resume without the generator); a group timeout and py-spy on a hung rank."""
 
 from __future__ import annotations
 

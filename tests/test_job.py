@@ -1,7 +1,8 @@
 """Chapter 08's job: the Trainer under parlab.launch as under torchrun and as one process, the accelerate loop
 as one process, the silent DDP fallback of FSDP on CPU, the resharded resume from a sharded checkpoint, and
 the exercise's check in both directions (a loop without fully_shard, one that does not resume from its
-checkpoint)."""
+checkpoint); the chapter's own train.py, assembled from its cells, against one process with planted bugs (a
+mean per micro-batch, a resume without the generator); a group timeout and py-spy on a hung rank."""
 
 from __future__ import annotations
 
@@ -228,3 +229,162 @@ def test_memory_snapshot_of_a_predicted_out_of_memory(tmp_path):
     job = dict(n_layer=8, n_embd=1024, n_head=16, seq_len=512)
     oom = parlab.launch(debug.cuda_out_of_memory, 1, args=(job, str(tmp_path / "oom.pickle")), timeout=300)[0]
     assert oom["out_of_memory"] and (tmp_path / "oom.pickle").stat().st_size > 0
+
+
+# -- the learner's train.py, as the chapter writes it -----------------------------------------------------
+
+BACKWARD = "(summed * world / tokens).backward()"
+RESTORE_RNG = 'torch.set_rng_state(state["rng"])'
+
+
+def _train_py(folder: Path, replace: dict | None = None) -> dict:
+    """The chapter's ``train.py`` (its ``%%writefile`` parts, in order) in ``folder``, beside ``train_fsdp.py``,
+    with a pretrained model and tokenized rows; ``replace``: planted bugs, ``{line: new line}``. Returns the
+    job's settings (without ``out``)."""
+    import shutil
+
+    from parlab.job import data
+
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    parts = [c.source.split("\n", 1)[1] for c in notebook.cells
+             if c.source.startswith("%%writefile") and "train.py" in c.source.splitlines()[0]]
+    script = "\n".join(parts)
+    for line, new in (replace or {}).items():
+        assert line in script, f"the plant's line is not in train.py: {line}"
+        script = script.replace(line, new)
+    (folder / "train.py").write_text(script)
+    shutil.copy(train_fsdp.__file__, folder / "train_fsdp.py")
+    paragraphs = data.course_paragraphs()
+    tokenizer = data.train_tokenizer(paragraphs, vocab_size=320)
+    torch.save(data.token_rows(tokenizer, paragraphs, rows=96, seq_len=32), folder / "rows.pt")
+    cfg = dict(train_fsdp.CONFIG, vocab_size=tokenizer.get_vocab_size())
+    train_fsdp.build_model(cfg).save_pretrained(folder / "pretrained")
+    return dict(pretrained=str(folder / "pretrained"), data=str(folder / "rows.pt"), steps=4,
+                checkpoint=str(folder / "ckpt"), save_at=2, resume=None, bf16=False, seed=0, timeout=60,
+                global_batch=12, accumulation=2, lr=0.3, momentum=0.9, warmup=2, max_grad_norm=0.5)
+
+
+def _run_train_py(folder: Path, ranks: int, job: dict, name: str):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    settings = dict(job, out=str(folder / name))
+    (folder / f"{name}.json").write_text(json.dumps(settings))
+    torchrun(str(folder / "train.py"), ranks, str(folder / f"{name}.json"))
+    losses = json.loads((folder / name / "losses.json").read_text())
+    return losses, dict(AutoModelForCausalLM.from_pretrained(folder / name).named_parameters())
+
+
+def test_train_py_divides_by_the_global_token_count_and_a_mean_over_micro_batches_is_caught(tmp_path):
+    from parlab.job.reference import script_job
+
+    (tmp_path / "right").mkdir()
+    job = _train_py(tmp_path / "right")
+    expected = script_job(job)
+    rows = torch.load(job["data"])
+    assert (rows["labels"] != -100).sum(1).unique().numel() > 1  # rows hold unequal numbers of labelled tokens
+    losses, params = _run_train_py(tmp_path / "right", 2, job, "out")
+    assert_close(torch.tensor(losses), torch.tensor(expected["losses"]))
+    for name, p in params.items():
+        assert_close(p, expected["params"][name], msg=name)
+    # the planted bug: each micro-batch's mean loss / accumulation, as before num_items_in_batch
+    (tmp_path / "mean").mkdir()
+    mean = "(summed / (y[:, 1:] != -100).sum() / len(mine)).backward()"
+    planted = _train_py(tmp_path / "mean", {BACKWARD: mean})
+    wrong, wrong_params = _run_train_py(tmp_path / "mean", 2, planted, "out")
+    assert_close(wrong[0], expected["losses"][0])  # the same first forward: only the gradients are wrong
+    with pytest.raises(AssertionError):
+        assert_close(torch.tensor(wrong), torch.tensor(expected["losses"]))
+    gap = max((wrong_params[n] - p).abs().max().item() for n, p in expected["params"].items())
+    print(f"a mean per micro-batch: losses {wrong} against {expected['losses']}; weights off by up to {gap:.1e}")
+    assert gap > 1e-4
+
+
+def test_train_py_resumes_at_another_world_size_and_needs_its_generator(tmp_path):
+    job = _train_py(tmp_path)
+    losses, params = _run_train_py(tmp_path, 3, job, "whole")  # saves at step 2
+    resumed, final = _run_train_py(tmp_path, 2, dict(job, resume=job["checkpoint"], save_at=None), "resumed")
+    assert_close(torch.tensor(resumed), torch.tensor(losses[2:]))
+    for name, p in final.items():
+        assert_close(p, params[name], msg=name)
+    # the planted bug: the generator is not restored, so the resumed run draws other rows
+    script = tmp_path / "train.py"
+    script.write_text(script.read_text().replace(RESTORE_RNG, "pass"))
+    wrong, _ = _run_train_py(tmp_path, 2, dict(job, resume=job["checkpoint"], save_at=None), "no-rng")
+    with pytest.raises(AssertionError):
+        assert_close(torch.tensor(wrong), torch.tensor(losses[2:]))
+
+
+def test_train_py_checkpoints_activations_before_sharding_and_transformers_recomputes():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    script = "\n".join(c.source for c in notebook.cells if c.source.startswith("%%writefile") and "train.py" in c.source)
+    assert 0 < script.index("model.activation_checkpointing_enable()") < script.index("fully_shard(block")
+    # what that call does in this transformers: each block's attention runs again in backward
+    from transformers import AutoModelForCausalLM
+
+    runs = {}
+    for checkpointing in (False, True):
+        model = AutoModelForCausalLM.from_config(train_fsdp.build_model(train_fsdp.CONFIG).config)
+        model.config.use_cache = False
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        calls = []
+        model.transformer.h[0].attn.register_forward_pre_hook(lambda *_: calls.append(1))
+        x = train_fsdp.dataset(train_fsdp.CONFIG)[:2]
+        model(input_ids=x).logits.sum().backward()
+        runs[checkpointing] = len(calls)
+    assert runs == {False: 1, True: 2}, runs
+
+
+def test_the_tokenizer_and_rows_refuse_what_they_cannot_make():
+    from parlab.job import data
+
+    with pytest.raises(ValueError, match="vocab_size must exceed the 256 byte values"):
+        data.train_tokenizer(["some text"], vocab_size=256)
+    tokenizer = data.train_tokenizer(["a short text", "another one, a little longer"], vocab_size=270)
+    with pytest.raises(ValueError, match="rows=5: only 2 texts"):
+        data.token_rows(tokenizer, ["a short text", "another one, a little longer"], rows=5, seq_len=8)
+    rows = data.token_rows(tokenizer, ["a short text", "another one, a little longer"], rows=2, seq_len=64)
+    assert ((rows["labels"] == -100) == (rows["input_ids"] == tokenizer.token_to_id("<pad>"))).all()
+    assert tokenizer.decode(rows["input_ids"][0][rows["labels"][0] != -100].tolist()) == "a short text"
+
+
+# -- a hang, with a cluster's tools -----------------------------------------------------------------------
+
+def test_a_group_timeout_ends_a_collective_only_one_rank_called():
+    from parlab.job import debug
+
+    errors = parlab.launch(debug.collective_timeout, 2, kwargs={"seconds": 1}, timeout=60, announce=False)
+    assert errors[1] is None and "Timed out waiting 1000ms" in errors[0]
+
+
+def _py_spy_cannot_attach() -> str | None:
+    """Why py-spy cannot read another process of this user here, or None when it can."""
+    import subprocess
+
+    from parlab.job import debug
+
+    exe = debug.py_spy_exe()
+    if exe is None:
+        return "py-spy is not installed (pip install -e '.[dev]')"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        done = subprocess.run([exe, "dump", "--pid", str(sleeper.pid)], capture_output=True, text=True, timeout=60)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    return None if done.returncode == 0 else f"py-spy cannot attach here (ptrace): {done.stderr.strip()[:200]}"
+
+
+def test_py_spy_finds_a_hung_rank_inside_its_collective():
+    from parlab.job import debug
+
+    reason = _py_spy_cannot_attach()
+    if reason:
+        pytest.skip(reason)
+    dump = parlab.launch(debug.py_spy_dump, 2, timeout=120, announce=False)[1]
+    main_thread = dump.split("\nThread ")[1]
+    frames = [line.strip() for line in main_thread.splitlines()[1:]]
+    assert frames[0].startswith("all_reduce (torch/distributed/distributed_c10d.py"), main_thread
+    assert any(f.startswith("py_spy_dump (parlab/job/debug.py") for f in frames), main_thread

@@ -8,11 +8,20 @@
   (``parlab.measure.measure_memory``) and the most bytes the next step adds at once
   (``parlab.measure.peak_memory``): on a CPU, where nothing runs out of memory, the numbers that would
   decide whether a GPU does.
+- :func:`collective_timeout` is what ``init_process_group(timeout=...)`` buys: a collective that waits past the
+  group's timeout raises on the waiting rank, naming itself, instead of hanging the job;
+- :func:`py_spy_dump` shows a rank stuck in a collective from outside, as on a cluster: ``py-spy dump --pid``
+  prints a live process's Python stack without stopping it for good (it needs ptrace on that process).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
+import shutil
+import subprocess
+import sys
 import time
 
 import torch
@@ -45,6 +54,50 @@ def straggler(slow_rank: int = 1, delay: float = 0.3, steps: int = 3, size: int 
         prof.export_chrome_trace(os.path.join(trace_dir, f"rank{rank}.json"))
     top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:3]
     return {"events": timeline.events, "top": [(e.key, e.self_cpu_time_total / 1e6) for e in top]}
+
+
+def collective_timeout(seconds: float = 2.0) -> str | None:
+    """A group whose ``timeout`` is ``seconds`` (as ``init_process_group(timeout=...)`` sets the default
+    group's); rank 0 all-reduces on it alone. Returns, on rank 0, the error the wait ended with."""
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=seconds))
+    if dist.get_rank() != 0:
+        return None
+    try:
+        dist.all_reduce(torch.zeros(1), group=group)  # the others never call it
+    except RuntimeError as err:
+        return str(err)
+    raise AssertionError(f"an all-reduce no other rank called returned within a {seconds} s timeout")
+
+
+def py_spy_exe() -> str | None:
+    """The ``py-spy`` program: on ``PATH`` or beside this Python (a virtual environment's ``bin``)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
+
+
+def py_spy_dump(attempts: int = 50) -> str | None:
+    """On 2 or more ranks: rank 0 (and any rank above 1) enters an all-reduce that rank 1 has not called;
+    rank 1 runs ``py-spy dump --pid <rank 0>`` until the dump shows rank 0 inside ``all_reduce`` (at most
+    ``attempts`` dumps), then joins the all-reduce, so nothing hangs. Returns the dump on rank 1, else None."""
+    pids = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    t = torch.zeros(1, device=runtime.device())
+    if dist.get_rank() != 1:
+        dist.all_reduce(t)  # waits here until rank 1 has looked
+        return None
+    exe = py_spy_exe()
+    try:
+        if exe is None:
+            raise FileNotFoundError("py-spy is not installed (pip install py-spy)")
+        for _ in range(attempts):  # until rank 0 is inside the collective, not on its way there
+            done = subprocess.run([exe, "dump", "--pid", str(pids[0])], capture_output=True, text=True, timeout=60)
+            if done.returncode or "all_reduce" in done.stdout:
+                break
+        if done.returncode:
+            raise RuntimeError(f"py-spy could not read rank 0 (exit {done.returncode}): {done.stderr.strip()}")
+        return re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)  # without the colours it adds under some terminals
+    finally:
+        dist.all_reduce(t)  # always: the other ranks must not be left waiting
 
 
 def step_memory(layout: str, cfg: dict | None = None) -> dict:

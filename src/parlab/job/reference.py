@@ -26,3 +26,29 @@ def one_process(cfg: dict | None = None, steps: int | None = None) -> dict:
         losses.append(loss.item())
     return {"losses": losses, "norms": norms,
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def script_job(job: dict) -> dict:
+    """Chapter 08's ``train.py`` in one process: the model from ``job["pretrained"]``, the rows of
+    ``job["data"]``, each step's global batch drawn by the generator seeded 0 after loading (as every rank of
+    the script draws it), the whole batch at once, its loss the mean over the tokens with a label, clipping,
+    SGD with momentum and a linear warm-up of the learning rate. Losses and final weights."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(job["pretrained"])
+    model.loss_type = "ForCausalLM"  # (the folder does not keep it)
+    opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=job["warmup"])
+    data = torch.load(job["data"])
+    torch.manual_seed(job["seed"])
+    losses = []
+    for _ in range(job["steps"]):
+        rows = torch.randperm(len(data["input_ids"]))[:job["global_batch"]]
+        loss = model(input_ids=data["input_ids"][rows], labels=data["labels"][rows]).loss  # mean over labelled tokens
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), job["max_grad_norm"])
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}

@@ -1,4 +1,4 @@
-"""Run a script or module under ``torchrun --standalone`` from a notebook cell (chapters 03 and 08).
+"""Run a script or module under ``torchrun --standalone`` from a notebook cell (chapters 00, 03 and 08).
 
 torchrun is ``python -m torch.distributed.run``: the same thing, from the same Python. Each rank's output
 goes to its own file (torchrun's ``--log-dir`` with ``--redirects 3``), so that a failure names its rank and

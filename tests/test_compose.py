@@ -286,3 +286,20 @@ def test_params_held_counts_each_stage_from_the_shapes():
     assert sum(mixes.params_held(cfg, s, 2, 2) for s in range(2)) == mixes.num_params(cfg) - split // 2
     with pytest.raises(ValueError, match="pp must divide n_layer=4"):
         mixes.params_held(cfg, 0, pp=3)
+
+
+def test_bytes_sent_is_the_rings_share_of_the_buffer():
+    """Chapter 07 reports what a rank sends, not the collectives' buffers: on n ranks an all-reduce's
+    2(n−1)/n, a reduce-scatter's or all-gather's (n−1)/n, so ZeRO-1's pair (each of a buffer twice DDP's,
+    chapter 04's flat buffer) sends DDP's bytes and FSDP2's three ops 1.5 times them."""
+    from parlab.bench import mixes
+
+    psi_bytes, n = 4 * 1000, 8
+    ddp = mixes.bytes_sent("all_reduce", psi_bytes, n)
+    assert ddp == 2 * 7 / 8 * psi_bytes
+    zero1 = mixes.bytes_sent("reduce_scatter", psi_bytes, n) + mixes.bytes_sent("all_gather", psi_bytes, n)
+    fsdp2 = 2 * mixes.bytes_sent("all_gather", psi_bytes, n) + mixes.bytes_sent("reduce_scatter", psi_bytes, n)
+    assert zero1 == ddp and fsdp2 == 1.5 * ddp
+    assert mixes.bytes_sent("send", 64, 2) == 64 and mixes.bytes_sent("recv", 64, 2) == 0
+    with pytest.raises(ValueError, match="op='gossip'"):
+        mixes.bytes_sent("gossip", 64, 2)

@@ -3,7 +3,7 @@ costs (chapter 07).
 
 :func:`run` builds the layout with ``parlab.compose.parallelize``, trains a few steps (the losses, to hold
 against one process), then measures one more step three ways: the memory each rank holds
-(``Parallelized.memory``), the bytes it sends on each axis (``comm_by_axis``), and, untimed instruments
+(``Parallelized.memory``), the collectives on each axis (``comm_by_axis``) and the bytes it sends in them, and, untimed instruments
 off, the step time (the slowest rank's, median of ``timed`` steps) and the pipeline's operations on a
 timeline (its bubble). :func:`layout_on` scales a layout the strategy tool (``parlab.advice``) recommends
 for a cluster down to this machine's ranks, keeping its axes.
@@ -71,8 +71,9 @@ def batches(cfg: dict, steps: int, start: int = 0) -> list:
 def run(mix: Mix, cfg: dict) -> dict:
     """On every rank: train ``cfg["steps"]`` steps of :func:`make_model` under ``mix`` with
     ``cfg["micro_batches"]`` micro-batches per pipeline step; then measure. Returns this rank's
-    ``losses``, ``coords``, ``memory`` (bytes by part), ``bytes`` ({axis: {op: bytes}} of one step),
-    ``step_s`` (the slowest rank's median), ``events`` (a timeline of one step's pipeline operations),
+    ``losses``, ``coords``, ``memory`` (bytes by part), ``bytes`` ({axis: {op: bytes}} of one step: the
+    collectives' buffers, nccl-tests' "size", summed), ``sent`` ({axis: bytes this rank sends in that step},
+    :func:`bytes_sent` of each), ``step_s`` (the slowest rank's median), ``events`` (a timeline of one step's pipeline operations),
     and ``recorded``: the last timed step's start, end, and the collectives the course's strategies
     reported in it, each with its start and end on this machine's one clock (:func:`step_parts`)."""
     from parlab import runtime
@@ -99,11 +100,13 @@ def run(mix: Mix, cfg: dict) -> dict:
 
     with comm_by_axis(topo) as axes:
         step()
-    sent = {axis: {} for axis in axes}
+    sizes = {axis: {} for axis in axes}
+    sent = dict.fromkeys(axes, 0.0)
     for axis, records in axes.items():
         for r in records:
             if r.op != "barrier":
-                sent[axis][r.op] = sent[axis].get(r.op, 0) + r.bytes
+                sizes[axis][r.op] = sizes[axis].get(r.op, 0) + r.bytes
+                sent[axis] += bytes_sent(r.op, r.bytes, r.group_size)
     seconds = []
     for _ in range(timed):
         dist.barrier()
@@ -118,7 +121,17 @@ def run(mix: Mix, cfg: dict) -> dict:
     timeline = Timeline()
     step(timeline)
     return {"losses": losses, "coords": {a: topo.coord(a) for a in ("pp", "dp", "tp")}, "memory": memory,
-            "bytes": sent, "step_s": slowest.item(), "events": timeline.events, "recorded": recorded}
+            "bytes": sizes, "sent": sent, "step_s": slowest.item(), "events": timeline.events, "recorded": recorded}
+
+
+def bytes_sent(op: str, nbytes: int, group_size: int) -> float:
+    """The bytes one rank sends in a collective of an ``nbytes`` buffer (nccl-tests' size) on ``group_size``
+    ranks, run as a ring: each rank passes on its share of the buffer, 2(n−1)/n of it for an all-reduce
+    (a reduce-scatter, then an all-gather), (n−1)/n for a reduce-scatter, an all-gather or an all-to-all
+    (``parlab.measure.bus_factor``, chapter 02); a message's whole size for a send, nothing for a receive."""
+    from parlab.measure import bus_factor
+
+    return 0.0 if op == "recv" else nbytes * bus_factor(op, group_size)
 
 
 def _sync() -> None:
@@ -180,8 +193,8 @@ def run_many(runs: list, cfg: dict) -> list[dict]:
 
 def summarize(mix: Mix, results: list[dict], cfg: dict) -> dict:
     """What the ranks of one :func:`run` measured, beside what predicts it: the most memory any rank holds
-    and ``estimate_memory``'s figure (fp32 AdamW model states), the bytes a rank sends per step on each axis
-    (the most over ranks), the step time, and the bubble of the pipeline that holds rank 0 (measured on
+    and ``estimate_memory``'s figure (fp32 AdamW model states), per step and axis the collectives' buffers
+    (``bytes``) and the bytes a rank sends (``sent``), each the most over ranks, the step time, and the bubble of the pipeline that holds rank 0 (measured on
     its timeline, and (p − 1)/(m + p − 1))."""
     from parlab.measure import estimate_memory
     from parlab.parallel import pipeline_schedule as ps
@@ -191,7 +204,8 @@ def summarize(mix: Mix, results: list[dict], cfg: dict) -> dict:
     axes = ("dp", "tp", "pp")
     row = {"layout": mix.label, "memory": max(r["memory"]["total"] for r in results),
            "estimate": estimate.model_states, "step_s": results[0]["step_s"],
-           "bytes": {a: max(sum(r["bytes"][a].values()) for r in results) for a in axes}, "bubble": None,
+           "bytes": {a: max(sum(r["bytes"][a].values()) for r in results) for a in axes},
+           "sent": {a: max(r["sent"][a] for r in results) for a in axes}, "bubble": None,
            "bubble_formula": None}
     if mix.pp > 1:
         first = [r for r in results if r["coords"]["dp"] == 0 and r["coords"]["tp"] == 0]
@@ -338,18 +352,20 @@ def report(row: dict) -> str:
     return (f"{row['layout']}: the losses of one process on every rank ({row['launch_s']:.1f} s to run)\n"
             f"  model states per rank: at most {row['memory'] / mib:.3f} MiB measured; estimate_memory "
             f"{row['estimate'] / mib:.3f} MiB ({row['memory'] / row['estimate'] - 1:+.1%})\n"
-            "  bytes a rank sends per step: " + ", ".join(f"{a} {b / mib:.3f} MiB" for a, b in row["bytes"].items() if b)
+            "  bytes a rank sends per step (a ring's share of each buffer): "
+            + ", ".join(f"{a} {b / mib:.3f} MiB" for a, b in row["sent"].items() if b)
             + f"\n  step time {row['step_s'] * 1e3:.0f} ms (slowest rank, median of the timed steps){bubble}")
 
 
 def table(rows: list) -> str:
-    """Rows of :func:`summarize` side by side."""
-    lines = [f"{'layout':<30}{'memory/rank':>12}{'estimate':>10}{'dp MiB':>8}{'tp MiB':>8}{'pp MiB':>8}"
+    """Rows of :func:`summarize` side by side (the bytes each rank sends, not the buffers)."""
+    lines = [f"{'':<30}{'':>22}{'MiB a rank sends':>24}",
+             f"{'layout':<30}{'memory/rank':>12}{'estimate':>10}{'dp':>8}{'tp':>8}{'pp':>8}"
              f"{'step ms':>9}{'bubble':>8}{'(p−1)/(m+p−1)':>15}"]
     for row in rows:
         bubble = f"{row['bubble']:>8.0%}{row['bubble_formula']:>15.0%}" if row["bubble"] is not None else ""
         lines.append(f"{row['layout']:<30}{row['memory'] / 2**20:>10.3f}Mi{row['estimate'] / 2**20:>8.3f}Mi"
-                     + "".join(f"{row['bytes'][a] / 2**20:>8.3f}" for a in ("dp", "tp", "pp"))
+                     + "".join(f"{row['sent'][a] / 2**20:>8.3f}" for a in ("dp", "tp", "pp"))
                      + f"{row['step_s'] * 1e3:>9.0f}{bubble}")
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ model's forward, backward and optimizer step; :func:`gpu_step_times`, :func:`gpu
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -148,15 +149,16 @@ def plot_gpu_model(links: dict, gpus: int, tokens: int, colors) -> dict:
         fits = gpu_fitting(name, gpus)
         alpha = next(iter(links.values())).alpha
         curves = [gpu_step_times(name, planner.Link("", alpha, b), gpus, tokens) for b in bandwidths]
+        # where stages 1 and 2 price alike at every bandwidth (Megatron's, one micro-batch), one line says so:
+        # two lines drawn on top of each other would hide one of them
+        same = all(math.isclose(t["zero1"], t["zero2"]) for t in curves)
         for stage, kind in enumerate(planner.STRATEGIES):
-            # Megatron's stages 1 and 2 price alike: zero2 wide and pale, zero1 dashed with rings on top of it
-            one = kind == "zero1"
+            if same and kind == "zero1":
+                continue
+            label = "zero1 = zero2 (the same time)" if same and kind == "zero2" else kind
             ax.semilogx([b / 1e9 for b in bandwidths], [t[kind] / min(t[k] for k in fits) for t in curves],
-                        ("--" if one else "-") if kind in fits else ":", color=colors[stage],
-                        lw=5 if kind == "zero2" else 1.5, alpha=0.45 if kind == "zero2" else 1.0,
-                        marker="o" if one else None, markevery=3, mfc="none", ms=5,
-                        label=kind + (" (= zero2 here)" if one else "")
-                        + ("" if kind in fits else " (does not fit 80 GB)"))
+                        "-" if kind in fits else ":", color=colors[stage], lw=2.5 if kind == "zero2" else 1.5,
+                        label=label + ("" if kind in fits else " (does not fit 80 GB)"))
         for link in links.values():
             ax.axvline(link.bandwidth / 1e9, color="grey", lw=0.6)
             ax.text(link.bandwidth / 1e9, 1.68, link.name, rotation=90, fontsize=7, va="top", ha="right")

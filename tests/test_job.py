@@ -388,3 +388,31 @@ def test_py_spy_finds_a_hung_rank_inside_its_collective():
     frames = [line.strip() for line in main_thread.splitlines()[1:]]
     assert frames[0].startswith("all_reduce (torch/distributed/distributed_c10d.py"), main_thread
     assert any(f.startswith("py_spy_dump (parlab/job/debug.py") for f in frames), main_thread
+
+
+def _empty_llama(restore_buffers: bool):
+    """Chapter 08's ``train.py`` way of building a model without its weights, on a tiny Llama (RoPE keeps its
+    frequencies in a buffer no state dict carries): parameters on the meta device, buffers kept, storage
+    made empty with ``to_empty``, then the buffers put back (or not, to plant the bug)."""
+    from accelerate import init_empty_weights
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=64)
+    with init_empty_weights():
+        model = LlamaForCausalLM(config)
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    model.to_empty(device="cpu")
+    if restore_buffers:
+        [b.copy_(buffers[name]) for name, b in model.named_buffers()]
+    return model, LlamaForCausalLM(config), buffers
+
+
+@pytest.mark.parametrize("restore_buffers", [True, False])
+def test_the_script_build_keeps_buffers_no_state_dict_carries(restore_buffers):
+    model, built, buffers = _empty_llama(restore_buffers)
+    assert any("inv_freq" in name for name in buffers)  # the buffer at stake exists in this model
+    model.load_state_dict(built.state_dict())  # what set_model_state_dict gives: the state dict only
+    ids = torch.arange(16).reshape(2, 8)
+    same = torch.allclose(model(ids).logits, built(ids).logits)
+    assert same == restore_buffers  # without the restore, RoPE's frequencies are garbage: different logits

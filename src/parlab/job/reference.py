@@ -30,8 +30,8 @@ def one_process(cfg: dict | None = None, steps: int | None = None) -> dict:
 
 def script_job(job: dict) -> dict:
     """Chapter 08's ``train.py`` in one process: the model from ``job["pretrained"]``, the rows of
-    ``job["data"]``, each step's global batch drawn by the generator seeded 0 after loading (as every rank of
-    the script draws it), the whole batch at once, its loss the mean over the tokens with a label, clipping,
+    ``job["data"]``, each step's global batch drawn by a generator of its own seeded ``job["seed"]`` (as every
+    rank of the script draws it), the whole batch at once, its loss the mean over the tokens with a label, clipping,
     SGD with momentum and a linear warm-up of the learning rate. Losses and final weights."""
     from transformers import AutoModelForCausalLM
 
@@ -40,10 +40,10 @@ def script_job(job: dict) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=job["warmup"])
     data = torch.load(job["data"])
-    torch.manual_seed(job["seed"])
+    sampler = torch.Generator().manual_seed(job["seed"])  # the script's own generator for the rows
     losses = []
     for _ in range(job["steps"]):
-        rows = torch.randperm(len(data["input_ids"]))[:job["global_batch"]]
+        rows = torch.randperm(len(data["input_ids"]), generator=sampler)[:job["global_batch"]]
         loss = model(input_ids=data["input_ids"][rows], labels=data["labels"][rows]).loss  # mean over labelled tokens
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), job["max_grad_norm"])

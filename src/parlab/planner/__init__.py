@@ -42,7 +42,8 @@ one cost term out (:data:`TERMS`), so that a test can show what each adds. MFU (
 recomputation) and HFU (what executes) are reported. The runs it is checked against
 (``tests/test_planner.py``, ``docs/planner.md``): :data:`CALIBRATION_RUNS` fitted :data:`UTILIZATION`,
 :data:`H100_CALIBRATION_RUNS` fitted :data:`H100_UTILIZATION`; :data:`HELD_OUT_RUNS` and
-:data:`H100_HELD_OUT_RUNS` fitted nothing.
+:data:`H100_HELD_OUT_RUNS` fitted nothing (the 1536-GPU ZeRO-3 row shaped a mechanism, though);
+:data:`OUT_OF_SAMPLE_RUNS` chose nothing at all.
 
 **The package, by idea:** :mod:`~parlab.planner.hardware` (links, collectives, GPUs, clusters),
 :mod:`~parlab.planner.workload` (a model, its batch, a layout), :mod:`~parlab.planner.data_parallel` (what
@@ -61,10 +62,10 @@ from parlab.planner.memory import stage_memory, zero3_working_set
 from parlab.planner.step import TERMS, Prediction, predict
 from parlab.planner.search import candidates, layout_of
 from parlab.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H100_HELD_OUT_RUNS, HELD_OUT_RUNS,
-                                      PUBLISHED_RUNS, PublishedRun,
+                                      OUT_OF_SAMPLE_RUNS, PUBLISHED_RUNS, PublishedRun,
                                       baseline_step, baseline_utilization, calibrated_utilization, eq3_flops)
 
-__all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
+__all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
            "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",

@@ -154,8 +154,9 @@ class Workload:
     def fused_backward_flops(self) -> float:
         """FLOPs per token and layer a fused attention kernel's backward adds to twice its forward: it keeps no
         scores, so it recomputes QKᵀ: five matrix products against the forward's two, 2.5 × the forward
-        (Dao 2023, FlashAttention-2, §3.1.2; MosaicML's benchmarks count it so: "the attention multiplier
-        would be 5 instead of 4", llm-foundry ``scripts/train/benchmarking/README.md``). 0 for eager."""
+        (Dao 2023, FlashAttention-2, §3.1.2; MosaicML's llm-foundry ``scripts/train/benchmarking/README.md``
+        counts differently: recomputation would make "the attention multiplier 5 instead of 4", one more
+        forward, left out of its HFU). 0 for eager."""
         return 0.5 * self.attention_flops if self.attention == "sdpa" else 0.0
 
     @property

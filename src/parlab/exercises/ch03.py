@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import torch
-import torch.distributed as dist
 
 import parlab
 from parlab.exercises.core import ExerciseFailed, Passed, _name, refusing

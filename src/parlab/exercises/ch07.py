@@ -152,24 +152,32 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
                               f"pricing at most {budget} layouts with the price argument, without the "
                               "planner's predict or candidates"):
             got = _call(fn, workload=workload, cluster=cluster, price=price)
-        if not isinstance(got, planner.Layout):
-            raise ExerciseFailed(f"{where}: expected a parlab.planner.Layout, got {got!r:.80}")
-        if got.dp * got.tp * got.pp != cluster.world_size:
-            raise ExerciseFailed(f"{where}: {got} uses {got.dp * got.tp * got.pp} GPUs; the cluster has "
-                                 f"{cluster.world_size}")
-        if got.tp > cluster.gpus_per_node:
-            raise ExerciseFailed(f"{where}: TP {got.tp} spans nodes of {cluster.gpus_per_node} GPUs")
-        try:
-            mine = planner.predict(workload, got, cluster)
-        except ValueError as error:
-            raise ExerciseFailed(f"{where}: {got} is not a layout of this batch: {error}") from None
-        best = next(p for p in planner.candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
-        if not mine.fits:
-            raise ExerciseFailed(f"{where}: {got} needs {mine.memory.total / 1e9:.1f} GB per GPU; it has "
-                                 f"{cluster.gpu.memory / 1e9:.0f} GB")
-        if mine.step_s > (1 + tolerance) * best.step_s:
-            raise ExerciseFailed(f"{where}: {got} fits but takes {mine.step_s:.2f} s per step (predicted); "
-                                 f"a layout that fits takes {best.step_s:.2f} s. Where does yours lose time? "
-                                 + ", ".join(f"{k} {v:.2f} s" for k, v in mine.parts.items() if v > 0))
+        _judge(got, workload, cluster, where, tolerance)
     return Passed(f"{_name(fn)} picks a fitting layout within {tolerance:.0%} of the fastest in {len(drawn)} "
                   f"scenarios drawn afresh (seed={seed}), pricing at most {budget} layouts in each")
+
+
+def _judge(got, workload, cluster, where: str, tolerance: float) -> None:
+    """Fail unless ``got`` is a layout of the cluster's ranks that keeps TP in a node, fits, and is predicted
+    within ``tolerance`` of the fastest such layout."""
+    from parlab import planner
+
+    if not isinstance(got, planner.Layout):
+        raise ExerciseFailed(f"{where}: expected a parlab.planner.Layout, got {got!r:.80}")
+    if got.dp * got.tp * got.pp != cluster.world_size:
+        raise ExerciseFailed(f"{where}: {got} uses {got.dp * got.tp * got.pp} GPUs; the cluster has "
+                             f"{cluster.world_size}")
+    if got.tp > cluster.gpus_per_node:
+        raise ExerciseFailed(f"{where}: TP {got.tp} spans nodes of {cluster.gpus_per_node} GPUs")
+    try:
+        mine = planner.predict(workload, got, cluster)
+    except ValueError as error:
+        raise ExerciseFailed(f"{where}: {got} is not a layout of this batch: {error}") from None
+    best = next(p for p in planner.candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
+    if not mine.fits:
+        raise ExerciseFailed(f"{where}: {got} needs {mine.memory.total / 1e9:.1f} GB per GPU; it has "
+                             f"{cluster.gpu.memory / 1e9:.0f} GB")
+    if mine.step_s > (1 + tolerance) * best.step_s:
+        raise ExerciseFailed(f"{where}: {got} fits but takes {mine.step_s:.2f} s per step (predicted); "
+                             f"a layout that fits takes {best.step_s:.2f} s. Where does yours lose time? "
+                             + ", ".join(f"{k} {v:.2f} s" for k, v in mine.parts.items() if v > 0))

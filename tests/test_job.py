@@ -234,7 +234,7 @@ def test_memory_snapshot_of_a_predicted_out_of_memory(tmp_path):
 # -- the learner's train.py, as the chapter writes it -----------------------------------------------------
 
 BACKWARD = "(summed * world / tokens).backward()"
-RESTORE_RNG = 'torch.set_rng_state(state["rng"])'
+RESTORE_RNG = 'self.sampler.set_state(state["rng"])'
 
 
 def _train_py(folder: Path, replace: dict | None = None) -> dict:
@@ -310,6 +310,7 @@ def test_train_py_resumes_at_another_world_size_and_needs_its_generator(tmp_path
         assert_close(p, params[name], msg=name)
     # the planted bug: the generator is not restored, so the resumed run draws other rows
     script = tmp_path / "train.py"
+    assert RESTORE_RNG in script.read_text(), "the script no longer restores its generator this way: plant anew"
     script.write_text(script.read_text().replace(RESTORE_RNG, "pass"))
     wrong, _ = _run_train_py(tmp_path, 2, dict(job, resume=job["checkpoint"], save_at=None), "no-rng")
     with pytest.raises(AssertionError):

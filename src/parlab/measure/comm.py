@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from parlab.checks import positive_int
+from parlab.measure.attach import Attached
 
 # c10d op name (as the dispatcher sees it) -> the name the course uses
 OP_NAMES = {
@@ -134,12 +135,15 @@ def busbw(op: str, nbytes: float, seconds: float, group_size: int) -> float:
     return algbw(nbytes, seconds) * bus_factor(op, group_size)
 
 
-class CommLog:
+class CommLog(Attached):
     """The collectives one rank took part in, in order: ``records`` is a list of :class:`CommRecord`.
 
-    It is also a callback: a strategy from ``parlab.parallel`` given ``on_collective=log`` hands it each
-    record as the op completes (possibly from another thread; ``list.append`` is atomic in CPython).
+    ``with CommLog() as log:`` attaches it (``parlab.measure.attach``): every op a strategy from
+    ``parlab.parallel`` issues inside the block is handed to it as it completes (possibly from another
+    thread; ``list.append`` is atomic in CPython). It is also a plain callback, for code that records by hand.
     """
+
+    _attach_as = "comm"
 
     def __init__(self, timeline=None):
         self.records: list[CommRecord] = []

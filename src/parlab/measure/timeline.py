@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from parlab.measure.attach import Attached
+
 KINDS = ("compute", "comm", "idle")
 
 
@@ -41,11 +43,15 @@ class Event:
         return self.end - self.start
 
 
-class Timeline:
-    """One rank's events; ``events`` is the list. ``sync``: wait for this rank's GPU at each span's end, so
-    that the end is the work's and not the moment it was queued; default (None): in GPU mode. On a CPU
-    rank it never touches CUDA (a CPU-mode rank on a GPU machine would create a context on a GPU it was
-    not given)."""
+class Timeline(Attached):
+    """One rank's events; ``events`` is the list. ``with Timeline() as tl:`` attaches it: every span a
+    strategy names inside the block (``parlab.measure.attach.span``) lands here.
+
+    ``sync``: wait for this rank's GPU at each span's end, so that the end is the work's and not the moment
+    it was queued; default (None): in GPU mode. On a CPU rank it never touches CUDA (a CPU-mode rank on a
+    GPU machine would create a context on a GPU it was not given)."""
+
+    _attach_as = "timeline"
 
     def __init__(self, sync: bool | None = None):
         from parlab import runtime

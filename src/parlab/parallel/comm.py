@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from parlab.measure.attach import attached
 from parlab.measure.comm import CommRecord, describe_group
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "scatter", "gather", "reduce",
@@ -105,7 +106,8 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
             work = None
     else:
         raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
-    if on_collective is None:
+    sinks = _sinks(on_collective)
+    if not sinks:
         return work
     # nccl-tests' size: the whole buffer; the gathered output for all-gather, the input for reduce-scatter
     nbytes = (output if op == "all_gather" else tensor)
@@ -117,8 +119,10 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     def report(_=None):
         if tensor.is_cuda:  # NCCL returns once the op is queued (and its future on the stream): its end is later
             torch.cuda.synchronize(tensor.device)
-        on_collective(CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label,
-                                 dist.get_global_rank(group, peer) if op in ("send", "recv") else None))
+        record = CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label,
+                            dist.get_global_rank(group, peer) if op in ("send", "recv") else None)
+        for sink in sinks:
+            sink(record)
 
     if work is None:
         report()
@@ -157,13 +161,14 @@ def communicate_batch(messages, group=None, *, on_collective: OnCollective | Non
     if len(works) != len(ops):  # NCCL coalesces the batch into one request; waiting for it again is allowed
         works = [works[-1]] * len(ops)
     rank, group_rank, size = describe_group(group)
+    sinks = _sinks(on_collective)
 
     def reporter(op, tensor, peer, label):
         def report():
-            if on_collective is not None:
-                on_collective(CommRecord(op, tensor.numel() * tensor.element_size(), size, start,
-                                         time.perf_counter(), rank, group_rank, label,
-                                         dist.get_global_rank(group, peer)))
+            record = CommRecord(op, tensor.numel() * tensor.element_size(), size, start, time.perf_counter(),
+                                rank, group_rank, label, dist.get_global_rank(group, peer))
+            for sink in sinks:
+                sink(record)
         return report
 
     return [_ReportOnWait(w, reporter(op, tensor, peer, label))
@@ -200,6 +205,11 @@ class _ReportFromThread:
         if self.error is not None:
             raise self.error
         return True
+
+
+def _sinks(on_collective) -> tuple:
+    """Where this op's record goes: every attached CommLog (fixed now, when the op is issued)."""
+    return attached("comm") + ((on_collective,) if on_collective is not None else ())
 
 
 def _need(value, name, op):

@@ -1,0 +1,55 @@
+"""Instruments attach from outside: a log, a timeline or a tracker sees what runs inside its ``with``."""
+
+import pytest
+import torch
+
+import parlab
+from parlab.measure import ActivationTracker, CommLog, Timeline
+from parlab.measure.attach import attach, attached, detach, not_activations, span
+from parlab.parallel.comm import communicate
+
+
+def _nested_logs():
+    t = torch.ones(4)
+    with CommLog() as outer:
+        with CommLog() as inner, Timeline() as tl:
+            with span("work"):
+                communicate("all_reduce", t, label="inside")
+            late = communicate("all_reduce", t, async_op=True, label="issued inside")
+        late.wait()  # completes after the block: still lands where it was issued
+        communicate("all_reduce", t, label="outside")
+    communicate("all_reduce", t, label="nobody")
+    return ([r.label for r in outer.records], [r.label for r in inner.records], [e.name for e in tl.events],
+            attached("comm"), attached("timeline"))
+
+
+def test_a_log_sees_what_runs_inside_it_and_nothing_after():
+    for outer, inner, spans, comm, timelines in parlab.launch(_nested_logs, world_size=2, timeout=30,
+                                                               output="none", announce=False):
+        assert sorted(inner) == ["inside", "issued inside"]
+        assert sorted(outer) == ["inside", "issued inside", "outside"]
+        assert spans == ["work"]
+        assert comm == () and timelines == ()
+
+
+def test_span_without_a_timeline_does_nothing_and_detach_twice_is_an_error():
+    with span("nothing attached"):
+        pass
+    log = CommLog()
+    attach("comm", log)
+    detach("comm", log)
+    with pytest.raises(RuntimeError, match="not attached"):
+        detach("comm", log)
+    with pytest.raises(ValueError, match="instrument kind"):
+        attached("tracker")
+
+
+def test_not_activations_hides_a_block_from_a_tracker_outside():
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(8, 64)
+    with ActivationTracker(exclude=[w]) as counted:
+        (x @ w).tanh().sum()
+    with ActivationTracker(exclude=[w]) as hidden:
+        with not_activations():
+            (x @ w).tanh().sum()
+    assert counted.peak > 0 and hidden.peak == 0

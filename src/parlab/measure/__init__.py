@@ -14,11 +14,14 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
 - comm.py       ``CommRecord``: one op (op, bytes, group_size, start, end, global rank, group_rank, label),
                 the one record of communication for every strategy; ``with record_comm(timeline=None) as
                 log:`` records every collective on this thread; ``record_ddp(ddp_model, log)`` for
-                PyTorch's DDP; ``on_collective=log`` for the course's strategies (``parlab.parallel``);
-                ``totals(records)``, ``comm_table(records_by_rank)``, ``bus_factor``, ``busbw``.
+                PyTorch's DDP; ``with CommLog() as log:`` for the course's strategies (``parlab.parallel``:
+                whatever runs inside the block); ``totals(records)``, ``comm_table(records_by_rank)``,
+                ``bus_factor``, ``busbw``.
+- attach.py     how instruments attach from outside: ``with CommLog() as log:``, ``with Timeline() as tl:``
+                (strategies name their steps with ``attach.span``), and ``not_activations()``.
 - bandwidth.py  ``sweep(op, sizes)`` on every rank → ``BandwidthPoint``s; ``fit_alpha_beta(sizes, seconds)``;
                 ``nccl_transports(log)``: which transports NCCL chose (P2P, SHM, NET).
-- timeline.py   ``tl = Timeline()``; ``with tl.span("backward"):``; return ``tl.events``; in the notebook
+- timeline.py   ``with Timeline() as tl:`` (or ``tl.span("backward")`` by hand); return ``tl.events``; in the notebook
                 ``merge(results)``, ``idle_gaps(events)``, then ``parlab.plots.gantt(events)``.
 - peak.py       ``peak_memory(fn, device=)`` → (fn's result, the most bytes it had allocated at once): CUDA's
                 statistics on a GPU, PyTorch's memory profiler on a CPU (ZeRO's steps in chapter 04).

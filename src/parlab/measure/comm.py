@@ -14,10 +14,10 @@ Three ways in, for three kinds of code:
 ``record_ddp(ddp_model, log)``
     ``DistributedDataParallel`` launches its bucket all-reduces from C++, below the dispatcher; this
     registers a comm hook that records each bucket.
-``DDPOverlap(model, on_collective=log)``
-    Every strategy the course builds (``parlab.parallel``, chapters 03–07) issues its collectives through
-    ``parlab.parallel.comm.communicate``, which hands one record per op to an ``on_collective``
-    callback; a :class:`CommLog` is one.
+``with CommLog() as log:``
+    Every strategy the course builds (``parlab.parallel``, chapters 03–09) issues its collectives through
+    ``parlab.parallel.comm.communicate``, which hands one record per op to every log attached while the
+    op was issued (``parlab.measure.attach``): ``with CommLog() as log: DDPOverlap(model)(x).sum().backward()``.
 ``CommLog.add(...)``
     For anything else, record by hand.
 

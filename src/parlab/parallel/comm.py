@@ -1,25 +1,23 @@
 """One door for every byte a strategy sends: issue a collective on a group, and record it (chapters 03–07).
 
 Every from-scratch strategy in ``parlab.parallel`` (DDP in chapter 03, ZeRO in 04, tensor parallelism in
-05, pipelines in 06) communicates through :func:`communicate`. It takes the *group* the strategy was
-given (a strategy never assumes the whole world: chapter 07 runs DDP on the ``dp`` axis of a mesh), runs
-the op, and, if the strategy was given an ``on_collective`` callback, hands it one
-:class:`~parlab.measure.comm.CommRecord` when the op completes: op, bytes (nccl-tests' size), the group's
-size, this rank's global and in-group rank, start and end times, and a label (bucket, layer …).
-A :class:`~parlab.measure.comm.CommLog` is such a callback, so one log can count what every strategy sent.
+05, pipelines in 06, context and expert parallelism in 09) communicates through :func:`communicate`. It
+takes the *group* the strategy was given (a strategy never assumes the whole world: chapter 07 runs DDP
+on the ``dp`` axis of a mesh), runs the op, and hands one :class:`~parlab.measure.comm.CommRecord` to
+every :class:`~parlab.measure.comm.CommLog` attached when the op was issued (``with CommLog() as log:``,
+``parlab.measure.attach``): op, bytes (nccl-tests' size), the group's size, this rank's global and
+in-group rank, start and end times, and a label (bucket, layer …). The strategies carry no instrument.
 
 For an asynchronous collective the record is made when its future completes (exact with gloo on CPU;
 with NCCL the host learns of completion only approximately, so time GPU work with CUDA events), and the
-waitable returned here completes only after the callback has run. The callback may run on another thread,
-so it should only record.
+waitable returned here completes only after the logs have it. A log may be handed a record on another
+thread, so it should only record.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
-
 import torch
 import torch.distributed as dist
 
@@ -31,21 +29,11 @@ OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv"
 # PyTorch 2.13 renamed the tensor forms (the old names warn); older releases have only the old ones.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-OnCollective = Callable[[CommRecord], None]
-
-
-def check_callback(on_collective) -> None:
-    """A strategy's constructor calls this, so a wrong callback fails at once, not in the middle of backward."""
-    if on_collective is not None and not callable(on_collective):
-        raise TypeError(f"on_collective must be a callable taking a CommRecord (e.g. a parlab.measure.CommLog), "
-                        f"or None; got {on_collective!r}")
-
-
 def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tensor | None = None,
                 src: int | None = None, peer: int | None = None, dst: int | None = None,
                 chunks: list | None = None, splits: tuple | None = None, async_op: bool = False,
-                on_collective: OnCollective | None = None, label=None, reduce_op=dist.ReduceOp.SUM):
-    """Run one op on ``group`` (``None``: the default group) and report it to ``on_collective``.
+                label=None, reduce_op=dist.ReduceOp.SUM):
+    """Run one op on ``group`` (``None``: the default group) and hand its record to every attached log.
 
     - ``all_reduce``: sums ``tensor`` over the group, in place (``reduce_op=dist.ReduceOp.MAX``: the largest).
     - ``broadcast``: ``tensor`` from the group's rank ``src`` (an in-group rank), in place.
@@ -74,55 +62,21 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     """
     group = group if group is not None else dist.group.WORLD
     start = time.perf_counter()
-    if op in ("scatter", "gather", "reduce"):
-        root = dist.get_global_rank(group, _need(src if op == "scatter" else dst,
-                                                 "src" if op == "scatter" else "dst", op))
-        mine = dist.get_rank() == root
-        if op == "scatter":
-            work = dist.scatter(tensor, chunks if mine else None, src=root, group=group, async_op=async_op)
-        elif op == "gather":
-            work = dist.gather(tensor, chunks if mine else None, dst=root, group=group, async_op=async_op)
-        else:
-            work = dist.reduce(tensor, root, op=reduce_op, group=group, async_op=async_op)
-    elif op == "all_reduce":
-        work = dist.all_reduce(tensor, op=reduce_op, group=group, async_op=async_op)
-    elif op == "broadcast":
-        work = dist.broadcast(tensor, src=dist.get_global_rank(group, _need(src, "src", op)), group=group,
-                              async_op=async_op)
-    elif op == "all_gather":
-        work = _all_gather(_need(output, "output", op), tensor, group=group, async_op=async_op)
-    elif op == "reduce_scatter":
-        work = _reduce_scatter(_need(output, "output", op), tensor, op=reduce_op, group=group, async_op=async_op)
-    elif op == "all_to_all":
-        ins, outs = splits if splits is not None else (None, None)
-        work = dist.all_to_all_single(_need(output, "output", op), tensor, outs, ins, group=group,
-                                      async_op=async_op)
-    elif op in ("send", "recv"):
-        other = dist.get_global_rank(group, _need(peer, "peer", op))
-        p2p = dist.isend if op == "send" else dist.irecv
-        work = p2p(tensor, other, group=group)
-        if not async_op:
-            work.wait()
-            work = None
-    else:
-        raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
-    sinks = _sinks(on_collective)
-    if not sinks:
+    work = _issue(op, tensor, group, output=output, src=src, peer=peer, dst=dst, chunks=chunks, splits=splits,
+                  async_op=async_op, reduce_op=reduce_op)
+    logs = attached("comm")  # fixed now: a record completing later still goes where the op was issued
+    if not logs:
         return work
-    # nccl-tests' size: the whole buffer; the gathered output for all-gather, the input for reduce-scatter
-    nbytes = (output if op == "all_gather" else tensor)
-    nbytes = nbytes.numel() * nbytes.element_size()
+    nbytes = _recorded_bytes(op, tensor, output, group)
     rank, group_rank, size = describe_group(group)
-    if op in ("scatter", "gather"):  # every rank holds one chunk; the buffer is all of them
-        nbytes *= size
 
     def report(_=None):
         if tensor.is_cuda:  # NCCL returns once the op is queued (and its future on the stream): its end is later
             torch.cuda.synchronize(tensor.device)
         record = CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label,
                             dist.get_global_rank(group, peer) if op in ("send", "recv") else None)
-        for sink in sinks:
-            sink(record)
+        for log in logs:
+            log(record)
 
     if work is None:
         report()
@@ -136,15 +90,57 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     return future.then(report)  # runs when the collective completes
 
 
-def communicate_batch(messages, group=None, *, on_collective: OnCollective | None = None) -> list:
+def _issue(op, tensor, group, *, output, src, peer, dst, chunks, splits, async_op, reduce_op):
+    """Run ``op`` on ``group``; its Work when ``async_op`` (send/recv: always waited unless async), else None."""
+    if op in ("scatter", "gather", "reduce"):
+        root = dist.get_global_rank(group, _need(src if op == "scatter" else dst,
+                                                 "src" if op == "scatter" else "dst", op))
+        mine = dist.get_rank() == root
+        if op == "scatter":
+            return dist.scatter(tensor, chunks if mine else None, src=root, group=group, async_op=async_op)
+        if op == "gather":
+            return dist.gather(tensor, chunks if mine else None, dst=root, group=group, async_op=async_op)
+        return dist.reduce(tensor, root, op=reduce_op, group=group, async_op=async_op)
+    if op == "all_reduce":
+        return dist.all_reduce(tensor, op=reduce_op, group=group, async_op=async_op)
+    if op == "broadcast":
+        return dist.broadcast(tensor, src=dist.get_global_rank(group, _need(src, "src", op)), group=group,
+                              async_op=async_op)
+    if op == "all_gather":
+        return _all_gather(_need(output, "output", op), tensor, group=group, async_op=async_op)
+    if op == "reduce_scatter":
+        return _reduce_scatter(_need(output, "output", op), tensor, op=reduce_op, group=group, async_op=async_op)
+    if op == "all_to_all":
+        ins, outs = splits if splits is not None else (None, None)
+        return dist.all_to_all_single(_need(output, "output", op), tensor, outs, ins, group=group,
+                                      async_op=async_op)
+    if op in ("send", "recv"):
+        other = dist.get_global_rank(group, _need(peer, "peer", op))
+        work = (dist.isend if op == "send" else dist.irecv)(tensor, other, group=group)
+        if async_op:
+            return work
+        work.wait()
+        return None
+    raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
+
+
+def _recorded_bytes(op, tensor, output, group) -> int:
+    """nccl-tests' size: the whole buffer; the gathered output for all-gather, the input for reduce-scatter;
+    for scatter and gather every rank holds one chunk, and the buffer is all of them."""
+    buffer = output if op == "all_gather" else tensor
+    nbytes = buffer.numel() * buffer.element_size()
+    return nbytes * describe_group(group)[2] if op in ("scatter", "gather") else nbytes
+
+
+def communicate_batch(messages, group=None) -> list:
     """Issue several sends and receives at once (``dist.batch_isend_irecv``) and report each, like
     :func:`communicate`. Pipelines need this (chapter 06): a rank that sends its output and receives its
     next input *in one batch* cannot wait for a neighbour that is doing the same the other way round.
 
     ``messages``: ``(op, tensor, peer, label)`` tuples, ``op`` ``"send"`` or ``"recv"``, ``peer`` the
-    other rank's rank within ``group``. Returns one waitable per message, in order; each reports its
-    message to ``on_collective`` when waited for. Between two ranks, messages in one direction are matched
-    in the order they are issued. NCCL runs the batch as one group (one request for all of it); gloo
+    other rank's rank within ``group``. Returns one waitable per message, in order; each hands its record,
+    once waited for, to the logs attached when it was issued. Between two ranks, messages in one direction
+    are matched in the order they are issued. NCCL runs the batch as one group (one request for all of it); gloo
     issues the messages one by one.
     """
     group = group if group is not None else dist.group.WORLD
@@ -161,14 +157,14 @@ def communicate_batch(messages, group=None, *, on_collective: OnCollective | Non
     if len(works) != len(ops):  # NCCL coalesces the batch into one request; waiting for it again is allowed
         works = [works[-1]] * len(ops)
     rank, group_rank, size = describe_group(group)
-    sinks = _sinks(on_collective)
+    logs = attached("comm")
 
     def reporter(op, tensor, peer, label):
         def report():
             record = CommRecord(op, tensor.numel() * tensor.element_size(), size, start, time.perf_counter(),
                                 rank, group_rank, label, dist.get_global_rank(group, peer))
-            for sink in sinks:
-                sink(record)
+            for log in logs:
+                log(record)
         return report
 
     return [_ReportOnWait(w, reporter(op, tensor, peer, label))
@@ -205,11 +201,6 @@ class _ReportFromThread:
         if self.error is not None:
             raise self.error
         return True
-
-
-def _sinks(on_collective) -> tuple:
-    """Where this op's record goes: every attached CommLog (fixed now, when the op is issued)."""
-    return attached("comm") + ((on_collective,) if on_collective is not None else ())
 
 
 def _need(value, name, op):

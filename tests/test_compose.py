@@ -35,10 +35,10 @@ def _course_ddp_times_tp():
     from parlab.parallel.ddp import _local
 
     topo = Topology.build(tp=2)  # dp = 2
-    log = CommLog()
-    parts = parallelize(make_model(), topo, data_parallel="course-ddp", on_collective=log)
+    with CommLog() as log:
+        parts = parallelize(make_model(), topo, data_parallel="course-ddp")
+        losses = train(parts, STEPS)
     local_numel = sum(_local(p).numel() for p in parts.model.parameters())
-    losses = train(parts, STEPS)
     return {"losses": losses, "records": log.records, "local_numel": local_numel, "dp_rank": topo.coord("dp"),
             "rank": topo.rank}
 
@@ -303,3 +303,20 @@ def test_bytes_sent_is_the_rings_share_of_the_buffer():
     assert mixes.bytes_sent("send", 64, 2) == 64 and mixes.bytes_sent("recv", 64, 2) == 0
     with pytest.raises(ValueError, match="op='gossip'"):
         mixes.bytes_sent("gossip", 64, 2)
+
+
+def test_no_strategy_here_takes_an_instrument():
+    """Instruments attach from outside (``with CommLog() as log:``): composing, ring attention and the
+    expert-parallel layers take no ``on_collective``, ``timeline`` or ``tracker`` parameter."""
+    import inspect
+
+    from parlab.compose import Parallelized
+    from parlab.compose_models import Decoder, Stack
+    from parlab.parallel import context, expert, expert_practice
+
+    takes = [parallelize, Parallelized.forward_backward, Stack.tensor_parallel, Stack.loss_fn,
+             Decoder.tensor_parallel, Decoder.loss_fn, context.ring_attention, expert.ExpertParallelMoE,
+             expert.sync_gradients, expert_practice.DroplessExpertParallelMoE]
+    instruments = {"on_collective", "timeline", "tracker"}
+    assert {f.__qualname__: sorted(instruments & set(inspect.signature(f).parameters)) for f in takes} == \
+        {f.__qualname__: [] for f in takes}

@@ -44,17 +44,17 @@ def _on_ranks(cases, combine_fn=cpx.combine):
     for seq_len, causal, balanced in cases:
         layout = cpx.Layout(seq_len, n, balanced)
         q, k, v, dout = (layout.shard(t, r).clone().requires_grad_(i < 3) for i, t in enumerate(whole(seq_len)))
-        log, work, saved = CommLog(), [], []
+        work, saved = [], []
 
         def pack(t):
             saved.append(t.untyped_storage().nbytes())
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = cpx.ring_attention(q, k, v, layout, causal=causal, on_collective=log, work=work,
-                                     combine_fn=combine_fn)
-        n_forward = len(log.records)
-        out.backward(dout)
+        with CommLog() as log:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = cpx.ring_attention(q, k, v, layout, causal=causal, work=work, combine_fn=combine_fn)
+            n_forward = len(log.records)
+            out.backward(dout)
         sent = [(rec.label, rec.bytes) for rec in log.records if rec.op == "send"]
         results.append({"out": out.detach(), "grads": (q.grad, k.grad, v.grad), "sent": sent,
                         "forward_records": n_forward, "work": work, "saved": sum(saved)})

@@ -283,12 +283,13 @@ def _peers_on_rank():
     from parlab.measure import CommLog
     from parlab.parallel.comm import communicate, communicate_batch
 
-    rank, log = dist.get_rank(), CommLog()
+    rank = dist.get_rank()
     with core.record_group() as seen:
-        communicate("send" if rank == 0 else "recv", torch.zeros(3), peer=1 - rank, on_collective=log)
-        batch = [("send", torch.zeros(2), 1 - rank, "a"), ("recv", torch.zeros(2), 1 - rank, "b")]
-        for work in communicate_batch(batch, on_collective=log):
-            work.wait()
+        with CommLog() as log:
+            communicate("send" if rank == 0 else "recv", torch.zeros(3), peer=1 - rank)
+            batch = [("send", torch.zeros(2), 1 - rank, "a"), ("recv", torch.zeros(2), 1 - rank, "b")]
+            for work in communicate_batch(batch):
+                work.wait()
         dist.reduce(torch.zeros(1), dst=1)
     return [(r.op, r.peer) for r in log.records], [(r.op, r.peer) for r in seen.records]
 

@@ -44,12 +44,12 @@ def _on_ranks(cases, layer=epx.ExpertParallelMoE):
     r, n = dist.get_rank(), dist.get_world_size()
     out = []
     for top_k, cf in cases:
-        log = CommLog()
-        moe = layer(epx.MoE(HIDDEN, FFN, EXPERTS, top_k, cf, dtype=torch.float64), on_collective=log)
+        moe = layer(epx.MoE(HIDDEN, FFN, EXPERTS, top_k, cf, dtype=torch.float64))
         x, weigh = (t.chunk(n)[r] for t in data(n))
         x = x.clone().requires_grad_()
-        y, aux, routing = moe(x)
-        ((y * weigh).sum() + ALPHA * aux).backward()
+        with CommLog() as log:
+            y, aux, routing = moe(x)
+            ((y * weigh).sum() + ALPHA * aux).backward()
         dist.all_reduce(moe.router.grad)  # the replicated router: its gradient summed over the ep group
         out.append({"y": y.detach(), "aux": aux.item(), "dropped": routing.dropped, "x_grad": x.grad,
                     "per_expert": routing.tokens_per_expert(EXPERTS), "capacity": routing.capacity,
@@ -131,9 +131,9 @@ class _WrongOrder(epx.ExpertParallelMoE):
         e, c, h = buffer.shape
         local = len(self.placement[dist.get_rank(self.group)])
         sent, got = [len(p) * c for p in self.placement], [local * c] * self.ep
-        arrived = epx._AllToAll.apply(buffer.flatten(0, 1), (sent, got), self.group, None, "dispatch")
+        arrived = epx._AllToAll.apply(buffer.flatten(0, 1), (sent, got), self.group, "dispatch")
         out = epx.run_experts(arrived.view(local, self.ep * c, h), self.w_in, self.w_out).flatten(0, 1)
-        return epx._AllToAll.apply(out, (got, sent), self.group, None, "combine").view(e, c, h)
+        return epx._AllToAll.apply(out, (got, sent), self.group, "combine").view(e, c, h)
 
 
 def test_a_planted_bug_is_caught_by_a_wide_margin():
@@ -329,12 +329,13 @@ def test_each_planted_moe_bug_is_caught_by_the_reference(bug, monkeypatch):
 def _dropless_on_ranks():
     from parlab.parallel.expert_practice import DroplessExpertParallelMoE
 
-    r, n, log = dist.get_rank(), dist.get_world_size(), CommLog()
-    layer = DroplessExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64), on_collective=log)
+    r, n = dist.get_rank(), dist.get_world_size()
+    layer = DroplessExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64))
     x, weigh = (t.chunk(n)[r] for t in data(n))
     x = x.clone().requires_grad_()
-    y, aux, routing = layer(x)
-    ((y * weigh).sum() + ALPHA * aux).backward()
+    with CommLog() as log:
+        y, aux, routing = layer(x)
+        ((y * weigh).sum() + ALPHA * aux).backward()
     dist.all_reduce(layer.router.grad)
     return {"y": y.detach(), "x_grad": x.grad, "aux": aux.item(), "dropped": routing.dropped,
             "grads": {name: p.grad for name, p in layer.named_parameters()},

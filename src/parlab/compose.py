@@ -62,10 +62,11 @@ class Parallelized:
     stage: object = None  # torch.distributed.pipelining's PipelineStage, to record its operations
     after_backward: list = field(default_factory=list)
 
-    def forward_backward(self, x, y, timeline=None):
+    def forward_backward(self, x, y):
         """One step's forward and backward on this rank's share of the batch; returns the loss on the
         ranks that compute it (every rank without a pipeline, the last stage with one), else ``None``.
-        ``timeline`` (a ``parlab.measure.Timeline``) receives the pipeline's operations."""
+        An attached ``parlab.measure.Timeline`` (``with Timeline() as tl:``) receives the pipeline's
+        operations."""
         topo = self.topology
         loss = None
         if self.pipeline is None:
@@ -74,11 +75,8 @@ class Parallelized:
         else:
             first, last = topo.is_first_stage, topo.is_last_stage
             if self.stage is None:  # the course's executor: it takes what its stages need of x and y
-                losses = self.pipeline.step(x, y, timeline=timeline)
+                losses = self.pipeline.step(x, y)
             else:
-                from parlab.parallel.pipeline import record_stage
-
-                record_stage(self.stage, timeline)  # None: records nothing
                 losses = []
                 self.pipeline.step(*((x,) if first else ()), **({"target": y, "losses": losses} if last else {}))
             if last:  # the mean of equal-sized micro-batch losses = the batch's loss
@@ -121,8 +119,8 @@ def _choice(name, value, allowed):
 def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "fsdp",
                 tensor_parallel: str = "dtensor", pipeline: str = "torch", tp_plan: dict | None = None,
                 checkpointing: bool = False, schedule: str = "gpipe", num_micro_batches: int = 4,
-                loss_fn: Callable | None = None, optimizer=torch.optim.SGD, optimizer_kwargs: dict | None = None,
-                on_collective=None) -> Parallelized:
+                loss_fn: Callable | None = None, optimizer=torch.optim.SGD,
+                optimizer_kwargs: dict | None = None) -> Parallelized:
     """Apply the axes of ``topology`` to ``model`` in the order of the module docstring; run on every rank.
 
     model: an ``nn.Sequential`` of blocks, or a transformers GPT-2 or Llama (no pipeline for Llama).
@@ -132,8 +130,8 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
     the model's own. pipeline: ``"torch"`` (``torch.distributed.pipelining``) or ``"course"`` (chapter 06's
     executor); schedule, num_micro_batches: its schedule. loss_fn: default the model's (mean squared
     error; next-token cross-entropy, vocabulary-parallel under the course's TP). optimizer,
-    optimizer_kwargs: the optimizer class and its arguments (default ``{"lr": 0.05}``). on_collective:
-    passed to the course's strategies, which report each collective to it.
+    optimizer_kwargs: the optimizer class and its arguments (default ``{"lr": 0.05}``). The course's
+    strategies record each collective into any attached ``CommLog`` (``with CommLog() as log:``).
     """
     _check(topology, data_parallel, tensor_parallel, pipeline, schedule, num_micro_batches)
     device = runtime.device()
@@ -146,8 +144,8 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
     # 2. tensor parallelism inside each block
     tp_group = topology.group("tp")
     if topology.tp > 1:
-        kind.tensor_parallel(part, tensor_parallel, topology.submesh("tp"), tp_plan, on_collective)
-    loss_fn = loss_fn or kind.loss_fn(tensor_parallel if topology.tp > 1 else None, tp_group, on_collective)
+        kind.tensor_parallel(part, tensor_parallel, topology.submesh("tp"), tp_plan)
+    loss_fn = loss_fn or kind.loss_fn(tensor_parallel if topology.tp > 1 else None, tp_group)
 
     # 3. activation checkpointing, block by block
     if checkpointing:
@@ -155,7 +153,7 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
 
     # 4. data parallelism over the dp axis, and the optimizer
     part, opt, after_backward = _data_parallel(part, kind, topology, data_parallel, device, optimizer,
-                                               optimizer_kwargs, on_collective, pipelined=topology.pp > 1)
+                                               optimizer_kwargs, pipelined=topology.pp > 1)
 
     # 5. the pipeline schedule drives the finished stage
     runner, stage = None, None
@@ -163,8 +161,7 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
         from parlab.parallel import pipeline_schedule as ps
 
         order = {"gpipe": ps.gpipe, "1f1b": ps.one_f_one_b}[schedule](topology.pp, num_micro_batches)
-        runner = _LazyPipeline(part, order, kind.boundary_shape, loss_fn=loss_fn, group=topology.group("pp"),
-                               on_collective=on_collective)
+        runner = _LazyPipeline(part, order, kind.boundary_shape, loss_fn=loss_fn, group=topology.group("pp"))
     elif topology.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -196,7 +193,7 @@ def _check(topology: Topology, data_parallel: str, tensor_parallel: str, pipelin
                              "cannot join: with tensor_parallel='dtensor' use data_parallel='fsdp'")
 
 
-def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwargs, on_collective, pipelined):
+def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwargs, pipelined):
     """(the module to run, its optimizer, what runs after each backward) for the ``dp`` axis."""
     if topology.dp == 1 or how == "none":
         return part, optimizer(part.parameters(), **optimizer_kwargs), []
@@ -205,8 +202,7 @@ def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwarg
 
         # Stage 1 keeps whole gradients, which a pipeline's micro-batches accumulate into; the one
         # reduce-scatter and all-gather come at step(), once per step however many micro-batches ran.
-        zero = ZeroStage1(part, optimizer, process_group=topology.group("dp"), on_collective=on_collective,
-                          **optimizer_kwargs)
+        zero = ZeroStage1(part, optimizer, process_group=topology.group("dp"), **optimizer_kwargs)
         return zero, zero, []
     after_backward = []
     if how == "fsdp":
@@ -230,8 +226,7 @@ def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwarg
 
         # A pipeline runs one backward per micro-batch: v2 waits for sync_gradients() after the last one,
         # where v3's hooks would send every micro-batch's gradients.
-        part = (DDPBuckets if pipelined else DDPOverlap)(part, process_group=topology.group("dp"),
-                                                        on_collective=on_collective)
+        part = (DDPBuckets if pipelined else DDPOverlap)(part, process_group=topology.group("dp"))
         after_backward.append(part.sync_gradients)
     return part, optimizer(part.parameters(), **optimizer_kwargs), after_backward
 
@@ -244,13 +239,13 @@ class _LazyPipeline:
         self.stage, self.schedule, self.shape_of, self.kwargs = stage, schedule, shape_of, kwargs
         self.executor = None
 
-    def step(self, x, y, timeline=None):
+    def step(self, x, y):
         if self.executor is None:
             from parlab.parallel.pipeline import Pipeline
 
             micro = x[: x.shape[0] // self.schedule.num_micro_batches]
             self.executor = Pipeline([self.stage], self.schedule, activation_shape=self.shape_of(micro), **self.kwargs)
-        return self.executor.step(x, y, timeline=timeline)
+        return self.executor.step(x, y)
 
 
 @contextlib.contextmanager

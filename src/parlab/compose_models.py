@@ -58,7 +58,7 @@ def blocks_tp_plan(model: nn.Module, how: str = "dtensor") -> dict:
     return plan
 
 
-def _apply_plan(part: nn.Module, plan: dict, how: str, mesh, on_collective) -> None:
+def _apply_plan(part: nn.Module, plan: dict, how: str, mesh) -> None:
     """A plan for ``part`` itself, by the implementation ``how``."""
     if how == "dtensor":
         from torch.distributed.tensor.parallel import parallelize_module
@@ -67,7 +67,7 @@ def _apply_plan(part: nn.Module, plan: dict, how: str, mesh, on_collective) -> N
     else:
         from parlab.parallel.tensor_plan import parallelize
 
-        parallelize(part, plan, mesh.get_group(), on_collective=on_collective)
+        parallelize(part, plan, mesh.get_group())
 
 
 def _wrap_blocks(blocks: nn.Module) -> None:
@@ -97,10 +97,10 @@ class Stack:
     def checkpoint(self, part: nn.Module) -> None:
         _wrap_blocks(part)
 
-    def tensor_parallel(self, part: nn.Module, how: str, mesh, plan=None, on_collective=None) -> None:
-        _apply_plan(part, plan if plan is not None else blocks_tp_plan(part, how), how, mesh, on_collective)
+    def tensor_parallel(self, part: nn.Module, how: str, mesh, plan=None) -> None:
+        _apply_plan(part, plan if plan is not None else blocks_tp_plan(part, how), how, mesh)
 
-    def loss_fn(self, tensor_parallel: str | None, tp_group=None, on_collective=None):
+    def loss_fn(self, tensor_parallel: str | None, tp_group=None):
         return F.mse_loss  # the blocks' output is whole on every tensor-parallel rank
 
     def boundary_shape(self, micro_batch: torch.Tensor) -> tuple:
@@ -144,23 +144,23 @@ class Decoder:
     def checkpoint(self, part: nn.Module) -> None:
         _wrap_blocks(self._block_list(part))
 
-    def tensor_parallel(self, part: nn.Module, how: str, mesh, plan=None, on_collective=None) -> None:
+    def tensor_parallel(self, part: nn.Module, how: str, mesh, plan=None) -> None:
         from parlab.parallel.tensor_models import parallelize_lm
 
         if plan is not None:
-            _apply_plan(part, plan, how, mesh, on_collective)
+            _apply_plan(part, plan, how, mesh)
             return
         # chapter 05's plans, for the whole model or for the modules of this stage
-        parallelize_lm(self.model, "scratch" if how == "course" else how, mesh, on_collective=on_collective,
+        parallelize_lm(self.model, "scratch" if how == "course" else how, mesh,
                        part=None if isinstance(part, LogitsOf) else part, whole_logits=True)
 
-    def loss_fn(self, tensor_parallel: str | None, tp_group=None, on_collective=None):
+    def loss_fn(self, tensor_parallel: str | None, tp_group=None):
         if tensor_parallel != "course":
             return causal_lm_loss  # whole logits on every rank (DTensor's plan gathers them here)
         from parlab.parallel.tensor import vocab_parallel_cross_entropy
 
         def loss(logits, ids):  # logits: (batch, seq, vocab / tp), this rank's slice of the vocabulary
-            return vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:], tp_group, on_collective=on_collective)
+            return vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:], tp_group)
 
         return loss
 

@@ -84,18 +84,15 @@ def run(mix: Mix, cfg: dict) -> dict:
 
     timed = positive_int('cfg["timed"]', cfg.get("timed", 3), "steps timed, the median kept")
     topo = Topology.build(dp=mix.dp, tp=mix.tp, pp=mix.pp)
-    # The course's strategies report each collective through one door (parlab.parallel.communicate): a
-    # list append per op, cheap enough to leave on while the steps are timed (FSDP2's are not reported).
-    log = CommLog()
     parts = parallelize(make_model(cfg), topo, num_micro_batches=cfg["micro_batches"], optimizer=torch.optim.AdamW,
-                        optimizer_kwargs=ADAMW, on_collective=log, **mix.parallelize_kwargs())
+                        optimizer_kwargs=ADAMW, **mix.parallelize_kwargs())
     losses = train_steps(parts, batches(cfg, cfg["steps"]))
     memory = parts.memory().as_dict()  # after a step: gradients and optimizer state exist
     x, y = (t.to(runtime.device()) for t in shard(batches(cfg, 1, start=cfg["steps"])[0], topo.coord("dp"), topo.dp))
 
-    def step(timeline=None):
+    def step():
         parts.zero_grad()
-        parts.forward_backward(x, y, timeline=timeline)
+        parts.forward_backward(x, y)
         parts.step()
 
     with comm_by_axis(topo) as axes:
@@ -110,16 +107,18 @@ def run(mix: Mix, cfg: dict) -> dict:
     seconds = []
     for _ in range(timed):
         dist.barrier()
-        log.records.clear()
-        start = time.perf_counter()
-        step()
-        _sync()
-        seconds.append(time.perf_counter() - start)
+        # The course's strategies report each collective through one door (parlab.parallel.communicate): a
+        # list append per op, cheap enough to leave on while the steps are timed (FSDP2's are not reported).
+        with CommLog() as log:
+            start = time.perf_counter()
+            step()
+            _sync()
+            seconds.append(time.perf_counter() - start)
         recorded = (start, start + seconds[-1], list(log.records))  # the last timed step, op by op
     slowest = torch.tensor([statistics.median(seconds)], device=runtime.device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank does
-    timeline = Timeline()
-    step(timeline)
+    with Timeline() as timeline:
+        step()
     return {"losses": losses, "coords": {a: topo.coord(a) for a in ("pp", "dp", "tp")}, "memory": memory,
             "bytes": sizes, "sent": sent, "step_s": slowest.item(), "events": timeline.events, "recorded": recorded}
 

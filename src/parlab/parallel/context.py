@@ -24,7 +24,7 @@ rank r chunks r and 2·cp − 1 − r (a head and a tail): every rank then does 
 Backward is a custom ``torch.autograd.Function`` (:class:`_RingAttention`): it keeps only this rank's q, k,
 v, output and log-sum-exp (all ÷ cp), and passes K/V around the ring again, each block travelling with the
 gradients dK, dV that its visits accumulate; one last transfer brings those home. Every transfer goes
-through ``parlab.parallel.comm.communicate_batch``, so a ``CommLog`` counts its bytes.
+through ``parlab.parallel.comm.communicate_batch``, so any attached ``CommLog`` counts its bytes.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.checks import positive_int
-from parlab.parallel.comm import OnCollective, communicate_batch
+from parlab.parallel.comm import communicate_batch
 
 
 # -- which tokens each rank holds --------------------------------------------------------------------------
@@ -175,8 +175,8 @@ def _fold(grad, kv_heads):
 class _Ring:
     """This rank's place on the cp ring: pass a tensor on to rank r + 1, receive one from rank r − 1."""
 
-    def __init__(self, group, on_collective):
-        self.group, self.on_collective = group, on_collective
+    def __init__(self, group):
+        self.group = group
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
 
     def source(self, step):
@@ -187,15 +187,14 @@ class _Ring:
         only after ``wait()``: until then the transfer runs beside whatever this rank computes."""
         buf = tensor.new_empty(recv_shape)
         works = communicate_batch([("send", tensor.contiguous(), (self.rank + 1) % self.size, label),
-                                   ("recv", buf, (self.rank - 1) % self.size, label)], self.group,
-                                  on_collective=self.on_collective)
+                                   ("recv", buf, (self.rank - 1) % self.size, label)], self.group)
         return buf, lambda: [w.wait() for w in works]
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, layout, group, causal, on_collective, combine_fn, work):
-        ring = _Ring(group, on_collective)
+    def forward(ctx, q, k, v, layout, group, causal, combine_fn, work):
+        ring = _Ring(group)
         h, scale = q.shape[1], q.shape[-1] ** -0.5
         q_pos = layout.positions(ring.rank).to(q.device)
         kv = torch.stack([k, v])  # (2, b, g, n, d): one message per step
@@ -218,13 +217,13 @@ class _RingAttention(torch.autograd.Function):
         out = acc / l
         lse = m + torch.log(l)  # (b, h, n, 1): all that backward needs of the softmax
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.layout, ctx.group, ctx.causal, ctx.on_collective = layout, group, causal, on_collective
+        ctx.layout, ctx.group, ctx.causal = layout, group, causal
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        ring = _Ring(ctx.group, ctx.on_collective)
+        ring = _Ring(ctx.group)
         layout, g, h, scale = ctx.layout, k.shape[1], q.shape[1], q.shape[-1] ** -0.5
         q_pos = layout.positions(ring.rank).to(q.device)
         delta = (dout * out).sum(-1, keepdim=True)  # (b, h, n, 1): Σ_j P_ij dP_ij, FlashAttention's D
@@ -255,11 +254,11 @@ class _RingAttention(torch.autograd.Function):
                 kv = nxt
             wait_grad()
             dkv = dkv_next
-        return dq, dkv[0], dkv[1], None, None, None, None, None, None
+        return dq, dkv[0], dkv[1], None, None, None, None, None
 
 
-def ring_attention(q, k, v, layout: Layout, group=None, *, causal: bool = True,
-                   on_collective: OnCollective | None = None, combine_fn=combine, work: list | None = None):
+def ring_attention(q, k, v, layout: Layout, group=None, *, causal: bool = True, combine_fn=combine,
+                   work: list | None = None):
     """Attention of this rank's queries over the whole sequence, K/V blocks passed around the cp ring.
 
     q: (b, heads, n, d), this rank's n tokens (``layout.positions(rank)``); k, v: (b, kv_heads, n, d), the
@@ -278,7 +277,7 @@ def ring_attention(q, k, v, layout: Layout, group=None, *, causal: bool = True,
     if q.shape[-2] != mine or k.shape[-2] != mine or v.shape[-2] != mine:
         raise ValueError(f"this rank holds {mine} tokens of the layout; got q, k, v with {q.shape[-2]}, "
                          f"{k.shape[-2]}, {v.shape[-2]} (shape (batch, heads, tokens, head_dim))")
-    return _RingAttention.apply(q, k, v, layout, group, causal, on_collective, combine_fn, work)
+    return _RingAttention.apply(q, k, v, layout, group, causal, combine_fn, work)
 
 
 # -- what it costs: bytes, memory, and when it pays ------------------------------------------------------

@@ -22,9 +22,9 @@ experts: between dispatch and the experts one all-to-all sends every expert's sl
 it, and after the experts a second one sends the results back. Nothing else changes, so the dense layer
 with ``groups=ep`` is its exact single-process reference; :mod:`parlab.parallel.expert_reference`, a loop
 over tokens that shares none of these functions, checks both. Both all-to-alls go through
-``parlab.parallel.comm.communicate``; in this capacity-based layer each moves the whole (experts, capacity,
-hidden) buffer, whatever the routing. Dropless layers send only what was routed
-(:mod:`parlab.parallel.expert_practice`).
+``parlab.parallel.comm.communicate``, so any attached ``CommLog`` records them; in this capacity-based
+layer each moves the whole (experts, capacity, hidden) buffer, whatever the routing. Dropless layers send
+only what was routed (:mod:`parlab.parallel.expert_practice`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parlab.checks import positive_int
-from parlab.parallel.comm import OnCollective, communicate
+from parlab.parallel.comm import communicate
 
 
 def capacity(tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
@@ -179,11 +179,10 @@ class _AllToAll(torch.autograd.Function):
     """An all-to-all whose backward is the all-to-all back: the gradient of a slot returns to its sender."""
 
     @staticmethod
-    def forward(ctx, x, splits, group, on_collective, label):
-        ctx.splits, ctx.group, ctx.on_collective, ctx.label = splits, group, on_collective, label
+    def forward(ctx, x, splits, group, label):
+        ctx.splits, ctx.group, ctx.label = splits, group, label
         out = x.new_empty((sum(splits[1]), *x.shape[1:]))
-        communicate("all_to_all", x.contiguous(), group, output=out, splits=splits, on_collective=on_collective,
-                    label=f"{label} forward")
+        communicate("all_to_all", x.contiguous(), group, output=out, splits=splits, label=f"{label} forward")
         return out
 
     @staticmethod
@@ -191,8 +190,8 @@ class _AllToAll(torch.autograd.Function):
         ins, outs = ctx.splits
         back = grad.new_empty((sum(ins), *grad.shape[1:]))
         communicate("all_to_all", grad.contiguous(), ctx.group, output=back, splits=(outs, ins),
-                    on_collective=ctx.on_collective, label=f"{ctx.label} backward")
-        return back, None, None, None, None
+                    label=f"{ctx.label} backward")
+        return back, None, None, None
 
 
 class ExpertParallelMoE(nn.Module):
@@ -204,9 +203,9 @@ class ExpertParallelMoE(nn.Module):
     returns each slot to its token's rank, which combines. The router's gradient is this rank's tokens'
     share: sum it over the ep group (as data parallelism would) to get the dense layer's."""
 
-    def __init__(self, moe: MoE, group=None, on_collective: OnCollective | None = None):
+    def __init__(self, moe: MoE, group=None):
         super().__init__()
-        self.group, self.on_collective = group, on_collective
+        self.group = group
         self.ep, rank = dist.get_world_size(group), dist.get_rank(group)
         self.placement = placement(moe.num_experts, self.ep)
         mine = self.placement[rank]
@@ -220,8 +219,7 @@ class ExpertParallelMoE(nn.Module):
         # would compute another capacity, and the all-to-all's splits would not match. They agree on the
         # largest count first, so that every buffer is (E, C, h) with the same C.
         count = torch.tensor([x.shape[0]], device=x.device)
-        communicate("all_reduce", count, self.group, on_collective=self.on_collective, label="tokens (max)",
-                    reduce_op=dist.ReduceOp.MAX)
+        communicate("all_reduce", count, self.group, label="tokens (max)", reduce_op=dist.ReduceOp.MAX)
         return moe_forward(x, self.router, self.num_experts, self.top_k, self.capacity_factor, self._experts,
                            tokens=int(count))
 
@@ -230,11 +228,11 @@ class ExpertParallelMoE(nn.Module):
         local = len(self.placement[dist.get_rank(self.group)])
         sent = [len(p) * c for p in self.placement]  # rows to each rank: its experts' slots
         got = [local * c] * self.ep  # rows from each rank: my experts' slots of its tokens
-        arrived = _AllToAll.apply(buffer.flatten(0, 1), (sent, got), self.group, self.on_collective, "dispatch")
+        arrived = _AllToAll.apply(buffer.flatten(0, 1), (sent, got), self.group, "dispatch")
         slots = arrived.view(self.ep, local, c, h).transpose(0, 1).flatten(1, 2)  # (E_local, ep·C, h)
         out = run_experts(slots, self.w_in, self.w_out)
         out = out.view(local, self.ep, c, h).transpose(0, 1).flatten(0, 2)  # back in the order they came
-        return _AllToAll.apply(out, (got, sent), self.group, self.on_collective, "combine").view(e, c, h)
+        return _AllToAll.apply(out, (got, sent), self.group, "combine").view(e, c, h)
 
 
 def all_to_all_bytes(place: list[range], rank: int, capacity_: int, hidden: int, element_size: int = 4) -> dict:
@@ -263,11 +261,9 @@ def sync_gradients(layer: ExpertParallelMoE, topology, dense_group=None) -> None
     ranks = topology.dp * topology.cp
     if ranks > 1:
         dense_group = dense_group if dense_group is not None else topology.group("dp_cp")
-        communicate("all_reduce", layer.router.grad, dense_group, on_collective=layer.on_collective,
-                    label="router grad")
+        communicate("all_reduce", layer.router.grad, dense_group, label="router grad")
     layer.router.grad /= ranks
     for p in (layer.w_in, layer.w_out):
         if ranks // topology.ep > 1:
-            communicate("all_reduce", p.grad, topology.group("edp"), on_collective=layer.on_collective,
-                        label="expert grad")
+            communicate("all_reduce", p.grad, topology.group("edp"), label="expert grad")
         p.grad /= ranks

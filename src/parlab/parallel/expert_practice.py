@@ -43,20 +43,19 @@ class DroplessExpertParallelMoE(ExpertParallelMoE):
         local = len(self.placement[rank])
         theirs = counts.new_empty(self.ep * local)  # (ep, E_local): rank s's rows for my expert j
         communicate("all_to_all", counts, self.group, output=theirs,
-                    splits=([len(p) for p in self.placement], [local] * self.ep),
-                    on_collective=self.on_collective, label="counts")
+                    splits=([len(p) for p in self.placement], [local] * self.ep), label="counts")
         send = [int(counts[p.start:p.stop].sum()) for p in self.placement]
         theirs = theirs.view(self.ep, local)
         recv = theirs.sum(1).tolist()
         # 2. the rows themselves, with those splits: (Σ recv, h), by source rank, then by expert
-        arrived = _AllToAll.apply(x[order // self.top_k], (send, recv), self.group, self.on_collective, "dispatch")
+        arrived = _AllToAll.apply(x[order // self.top_k], (send, recv), self.group, "dispatch")
         by_expert = torch.arange(local, device=x.device).repeat(self.ep).repeat_interleave(theirs.flatten())
         regroup = by_expert.argsort(stable=True)  # rows of expert 0 (from every rank), then expert 1, ...
         rows = arrived[regroup]
         sizes = torch.bincount(by_expert, minlength=local).tolist()
         out = torch.cat([nn.functional.gelu(part @ self.w_in[j]) @ self.w_out[j]  # a grouped GEMM on GPUs
                          for j, part in enumerate(rows.split(sizes))])
-        back = _AllToAll.apply(out[regroup.argsort()], (recv, send), self.group, self.on_collective, "combine")
+        back = _AllToAll.apply(out[regroup.argsort()], (recv, send), self.group, "combine")
         per_assignment = back[order.argsort()].view(t, self.top_k, h)  # each (token, choice) in place again
         y = (per_assignment * routing.weight[..., None]).sum(1)
         return y, load_balancing_loss(routing), routing

@@ -59,7 +59,7 @@ from parlab.planner.hardware import (A100, BUCKET_BYTES, GPU, H100, H100_UTILIZA
 from parlab.planner.data_parallel import IMPLEMENTATIONS, RESHARDS, STRATEGIES, ddp_buckets, predict_dp_step, zero3_step
 from parlab.planner.workload import ATTENTIONS, RECOMPUTES, Layout, Workload, root_params, stage_layers, stage_params
 from parlab.planner.memory import stage_memory, zero3_working_set
-from parlab.planner.step import TERMS, Prediction, predict
+from parlab.planner.step import TERMS, Prediction, deepspeed_backward_gathers, predict
 from parlab.planner.search import candidates, layout_of
 from parlab.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H100_HELD_OUT_RUNS, HELD_OUT_RUNS,
                                       OUT_OF_SAMPLE_RUNS, PUBLISHED_RUNS, PublishedRun,
@@ -67,6 +67,6 @@ from parlab.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H
 
 __all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
-           "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds",
+           "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds", "deepspeed_backward_gathers",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",
            "root_params", "stage_layers", "stage_memory", "stage_params", "zero3_step"]

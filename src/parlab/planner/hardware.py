@@ -116,7 +116,8 @@ H100 = GPU("H100 SXM5 80 GB", 80e9, 989e12, 3.35e12,
                             "FlashAttention-3's abstract puts it (Shah et al. 2024: 'only 35% utilization')")
 #: Share of peak FLOP/s the GPU reaches on the FLOPs it executes (hardware FLOPs utilisation of the
 #: computation: recomputation counted; the bubble and exposed communication are priced apart, not in it).
-#: The planner's one fitted constant for the A100 generation: fitted on the five runs of
+#: The planner's one fitted constant for the A100 generation (0.62 until Narayanan et al.'s fp16 runs kept fp16
+#: gradients, :meth:`~parlab.planner.workload.Workload.grad_bytes`): fitted on the five runs of
 #: :data:`~parlab.planner.published.CALIBRATION_RUNS` (Narayanan et al. 2021 Table 1's four rows, BLOOM 176B:
 #: the value that centres their errors, :func:`~parlab.planner.published.calibrated_utilization`); the runs
 #: of :data:`~parlab.planner.published.HELD_OUT_RUNS` (Table 2) fitted nothing. Their own figures bracket it:

@@ -55,3 +55,15 @@ def test_llama3_128k_layout():
     assert r["bytes"]["block"] == 2 * 1 * 1 * 8192 * 128 * 2  # K and V of 8,192 tokens, 1 KV head per tp rank
     assert r["step"].chunk == 8192 and r["step"].overlapped and r["overlap_chunk"] < 8192
     assert r["link"].bandwidth == 50e9  # Llama 3's 400 Gb/s per GPU, not an A100-era HDR adapter
+
+
+def test_llama3_128k_fits_its_h100s_only_with_recomputation():
+    """The published run the course prices in chapter 09 fits the 80 GB it ran on by the estimate: with the
+    paper's FSDP (optimizer states and fp32 gradients sharded over dp × cp, the weights whole) and
+    recomputation; CP alone leaves transformers' Llama activations above 80 GB."""
+    plain, recomputed = pa.llama3_128k(), pa.llama3_128k(checkpointing=True)
+    gpu = pa.H100.memory
+    assert recomputed["memory"].total <= gpu < plain["memory"].total
+    assert plain["memory"].grads == math.ceil(4 * plain["memory"].params / 2 / 128)  # fp32, over dp × cp = 128
+    zero1 = pa.llama3_128k(zero_stage=1, fp32_grads=False)
+    assert zero1["memory"].grads == plain["memory"].params  # ZeRO-1 would keep bf16 gradients whole

@@ -102,9 +102,17 @@ def ep_bytes(*, tokens: int, hidden: int, num_experts: int, top_k: int, capacity
     return 4 * layers * num_experts * capacity(tokens, num_experts, top_k, capacity_factor) * hidden * value_bytes
 
 
-def llama3_128k(sequence_parallel: bool = True, zero_stage: int = 1, checkpointing: bool = False) -> dict:
+def llama3_128k(sequence_parallel: bool = True, zero_stage: int = 2, checkpointing: bool = False,
+                fp32_grads: bool = True) -> dict:
     """Llama 3 405B at 128k tokens on its published layout, priced: memory per GPU (with CP, and what the
-    same layout would need without it), and ring attention's bytes and one ring step by the α-β model."""
+    same layout would need without it), and ring attention's bytes and one ring step by the α-β model.
+
+    The defaults are the paper's FSDP (Dubey et al. 2024, §3.3.2): "shards optimizer states and gradients,
+    but for model shards we do not reshard after forward computation" (ZeRO-2: the weights whole on each
+    rank), with "FP32 gradient accumulation ... and also reduce-scatter gradients in FP32" (``fp32_grads``).
+    Activations are the estimator's for transformers' Llama (chapter 01: its RMSNorm keeps an fp32 copy of
+    its input, its SwiGLU four tensors of the MLP's width); Meta's kernels are not published, nor whether the
+    128k stage recomputed activations (its 8K stage did not: "without activation checkpointing")."""
     from parlab.parallel.context import cp_step, overlap_chunk
     from parlab.planner import H100_UTILIZATION
 
@@ -112,7 +120,7 @@ def llama3_128k(sequence_parallel: bool = True, zero_stage: int = 1, checkpointi
     world = lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"]
     kw = dict(world_size=world, tp_size=lay["tp"], pp_size=lay["pp"], zero_stage=zero_stage, precision="bf16",
               micro_batch=1, seq_len=lay["seq_len"], sequence_parallel=sequence_parallel, attention="sdpa",
-              checkpointing=checkpointing)
+              checkpointing=checkpointing, fp32_grads=fp32_grads)
     with_cp = by_layers(estimate_memory_axes, config, cp=lay["cp"], **kw)
     without = by_layers(estimate_memory_axes, config, cp=1, **kw)
     heads, kv = config.num_attention_heads // lay["tp"], config.num_key_value_heads // lay["tp"]

@@ -26,8 +26,9 @@ be priced at another ring size. :func:`collective_seconds` prices one call.
 output layer on the last stage allows: :func:`stage_layers`); a rank executes its layers' FLOPs (2 per
 weight and token, plus attention's 4·s·h, Narayanan et al. 2021's eq. 3; backward = 2 × forward, a fused
 attention kernel's 2.5 × as it recomputes the scores, and the forward again under recomputation) at its
-GPU generation's one fitted share of peak (:data:`UTILIZATION`, :data:`H100_UTILIZATION`), and their
-memory-bound work (the bytes they save for backward) at its memory bandwidth; tensor parallelism adds
+GPU generation's one fitted share of peak (:data:`UTILIZATION`, :data:`H100_UTILIZATION`), a fused
+attention kernel's at its published rate where the GPU has one (:attr:`GPU.attention_flops`: the H100's,
+FlashAttention-2's), and their memory-bound work (the bytes they save for backward) at its memory bandwidth; tensor parallelism adds
 Megatron's all-reduces of one activation per layer and micro-batch (two forward, two backward, two more
 when recomputing), hidden only with ``tp_overlap``; a pipeline of p stages runs m micro-batches in
 m + (p − 1)/v slots (the bubble, chapter 06; v interleaved chunks) and sends 1/t of an activation each way
@@ -35,9 +36,9 @@ per micro-batch (scatter/gather, ibid. §4.1); data parallelism's collectives co
 :func:`predict_dp_step` and :func:`zero3_step` (chapter 04), which know what each implementation of each
 ZeRO stage hides; every collective call pays its ring's latency floor, (n − 1)·α, so ZeRO-3 at one
 sequence per GPU over a 1,536-rank ring no longer hides (DeepSpeed's of 2021 gathered tensor by tensor, and
-again for the recomputed forward). Memory per rank is :func:`parlab.measure.estimate_memory` (chapter 01)
+again for the recomputed forward where a layer exceeds its reuse distance: :func:`deepspeed_backward_gathers`). Memory per rank is :func:`parlab.measure.estimate_memory` (chapter 01)
 for the heaviest stage, with the implementation's gradient dtype (Megatron-LM in bf16: fp32, 18 bytes per
-parameter) and ZeRO-3's working set (:func:`zero3_working_set`). ``predict(..., without=(term,))`` leaves
+parameter; in fp16: fp16) and ZeRO-3's working set (:func:`zero3_working_set`). ``predict(..., without=(term,))`` leaves
 one cost term out (:data:`TERMS`), so that a test can show what each adds. MFU (model FLOPs, no
 recomputation) and HFU (what executes) are reported. The runs it is checked against
 (``tests/test_planner.py``, ``docs/planner.md``): :data:`CALIBRATION_RUNS` fitted :data:`UTILIZATION`,
@@ -59,7 +60,7 @@ from parlab.planner.hardware import (A100, BUCKET_BYTES, GPU, H100, H100_UTILIZA
 from parlab.planner.data_parallel import IMPLEMENTATIONS, RESHARDS, STRATEGIES, ddp_buckets, predict_dp_step, zero3_step
 from parlab.planner.workload import ATTENTIONS, RECOMPUTES, Layout, Workload, root_params, stage_layers, stage_params
 from parlab.planner.memory import stage_memory, zero3_working_set
-from parlab.planner.step import TERMS, Prediction, predict
+from parlab.planner.step import TERMS, Prediction, deepspeed_backward_gathers, predict
 from parlab.planner.search import candidates, layout_of
 from parlab.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H100_HELD_OUT_RUNS, HELD_OUT_RUNS,
                                       OUT_OF_SAMPLE_RUNS, PUBLISHED_RUNS, PublishedRun,
@@ -67,6 +68,6 @@ from parlab.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H
 
 __all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
-           "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds",
+           "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds", "deepspeed_backward_gathers",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",
            "root_params", "stage_layers", "stage_memory", "stage_params", "zero3_step"]

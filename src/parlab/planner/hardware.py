@@ -93,33 +93,43 @@ def collective_seconds(op: str, nbytes: float, costs: dict) -> float:
 @dataclass(frozen=True)
 class GPU:
     """One accelerator: ``memory`` (bytes), peak dense ``flops`` (FLOP/s in the training precision) and
-    ``memory_bandwidth`` (bytes/s, what an optimizer step is bound by)."""
+    ``memory_bandwidth`` (bytes/s, what an optimizer step is bound by). ``attention_flops``: the FLOP/s a
+    fused attention kernel's forward and backward reach on it, from a published kernel benchmark (its
+    ``attention_source``); ``None`` where none is taken, and the kernel runs at the matrix products' rate."""
 
     name: str
     memory: float
     flops: float
     memory_bandwidth: float
     source: str = ""
+    attention_flops: float | None = None
+    attention_source: str = ""
 
 
 A100 = GPU("A100 SXM4 80 GB", 80e9, 312e12, 2.039e12,
            "NVIDIA A100 datasheet: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e")
 H100 = GPU("H100 SXM5 80 GB", 80e9, 989e12, 3.35e12,
-           "NVIDIA H100 datasheet (SXM): 989 TFLOP/s dense bf16 (1,979 with sparsity), 3.35 TB/s HBM3")
+           "NVIDIA H100 datasheet (SXM): 989 TFLOP/s dense bf16 (1,979 with sparsity), 3.35 TB/s HBM3",
+           attention_flops=335e12,
+           attention_source="Dao 2023, FlashAttention-2 (arXiv:2307.08691), §4.1: on H100 'we obtain up to 335 "
+                            "TFLOPs/s' (Fig. 7, forward + backward, head dim 64 and 128); 34 % of peak, as "
+                            "FlashAttention-3's abstract puts it (Shah et al. 2024: 'only 35% utilization')")
 #: Share of peak FLOP/s the GPU reaches on the FLOPs it executes (hardware FLOPs utilisation of the
 #: computation: recomputation counted; the bubble and exposed communication are priced apart, not in it).
-#: The planner's one fitted constant for the A100 generation: fitted on the five runs of
+#: The planner's one fitted constant for the A100 generation (0.62 until Narayanan et al.'s fp16 runs kept fp16
+#: gradients, :meth:`~parlab.planner.workload.Workload.grad_bytes`): fitted on the five runs of
 #: :data:`~parlab.planner.published.CALIBRATION_RUNS` (Narayanan et al. 2021 Table 1's four rows, BLOOM 176B:
 #: the value that centres their errors, :func:`~parlab.planner.published.calibrated_utilization`); the runs
 #: of :data:`~parlab.planner.published.HELD_OUT_RUNS` (Table 2) fitted nothing. Their own figures bracket it:
 #: 44 % of peak for a data-parallel-only GPT 1.7B and 52 % for GPT 1T, both including bubble and
 #: communication (Narayanan et al. 2021, Table 1); PaLM's 57.8 % HFU on TPUs (Chowdhery et al. 2022,
 #: Appendix B).
-UTILIZATION = 0.62
+UTILIZATION = 0.58
 #: The same share for the H100 (:func:`cluster_of` ``"h100"``), its generation's one fitted constant: fitted on
-#: :data:`~parlab.planner.published.H100_CALIBRATION_RUNS` (MosaicML's MPT 7B at 4k and 8k tokens on 8 H100s);
-#: the long-sequence rows of :data:`~parlab.planner.published.H100_HELD_OUT_RUNS` fitted nothing.
-H100_UTILIZATION = 0.56
+#: :data:`~parlab.planner.published.H100_CALIBRATION_RUNS` (MosaicML's MPT 7B at 4k and 8k tokens on 8 H100s),
+#: refitted once the fused attention kernel ran at its own published rate (:attr:`GPU.attention_flops`:
+#: 0.56 before); the long-sequence rows of :data:`~parlab.planner.published.H100_HELD_OUT_RUNS` fitted nothing.
+H100_UTILIZATION = 0.68
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB

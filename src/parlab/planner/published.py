@@ -23,8 +23,8 @@ def eq3_flops(batch: int, seq_len: int, layers: int, hidden: int, vocab: int) ->
 class PublishedRun:
     """A training run whose inputs and outcome are published: the model's shape, the layout, the batch and
     the published seconds per step. On DGX A100 80 GB nodes (8 GPUs, NVSwitch, 8 × 200 Gb/s HDR) unless
-    ``nodes_kind`` says ``"h100"`` (DGX H100: :func:`~parlab.planner.hardware.cluster_of`), bf16 or fp16,
-    sequences of ``seq_len`` (2048), full activation recomputation unless ``recompute`` says otherwise;
+    ``nodes_kind`` says ``"h100"`` (DGX H100: :func:`~parlab.planner.hardware.cluster_of`), in ``precision``
+    (bf16 unless the run's own scripts say fp16: it sets Megatron-LM's gradient dtype), sequences of ``seq_len`` (2048), full activation recomputation unless ``recompute`` says otherwise;
     ``attention`` ``"eager"`` (Megatron's softmax of 2021-22 keeps the s × s scores) unless a fused kernel ran."""
 
     name: str
@@ -41,6 +41,8 @@ class PublishedRun:
     seq_len: int = 2048
     attention: str = "eager"
     nodes_kind: str = "nvlink"
+    precision: str = "bf16"
+    chunks: int = 1  # interleaved model chunks per pipeline rank, where the source names them
 
     @property
     def nodes(self) -> int:
@@ -60,13 +62,14 @@ class PublishedRun:
                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0) if self.family == "mpt" else
                   GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=2048))
         return Workload(config, global_batch=self.global_batch, seq_len=self.seq_len, micro_batch=self.micro_batch,
-                        recompute=self.recompute, sequence_parallel=self.sequence_parallel, attention=self.attention)
+                        recompute=self.recompute, sequence_parallel=self.sequence_parallel, attention=self.attention,
+                        precision=self.precision)
 
     def predict(self, cluster: Cluster | None = None, **options) -> Prediction:
         """The planner's prediction of this run on its hardware; ``options`` go to :func:`predict`
         (``without=``, to leave a cost term out)."""
         return predict(self.workload(), self.layout, cluster or self.cluster(),
-                       **{"implementation": self.implementation, **options})
+                       **{"implementation": self.implementation, "chunks": self.chunks, **options})
 
     @property
     def tflops(self) -> float:
@@ -80,11 +83,13 @@ def _narayanan(name, shape, tp, pp, dp, batch, tflops, table=1, micro_batch=1, z
     # published TFLOP/s per GPU → seconds per step, through the paper's own FLOP count (eq. 3)
     layers, hidden, _, vocab = shape
     step = eq3_flops(batch, 2048, layers, hidden, vocab) / (tflops * 1e12 * tp * pp * dp)
+    # "mixed precision", "16-bit precision" (§5); fp16: Megatron-LM's examples/pretrain_gpt3_175B.sh of the
+    # paper's GPT-3 runs passes --fp16 (the same 20.12 container as examples/sc21/, the paper's scripts)
     assumed = "; micro-batch 1 assumed" if table == 1 else f", micro-batch {micro_batch}"
     return PublishedRun(name, shape, Layout(dp=dp, tp=tp, pp=pp, zero_stage=zero_stage), batch, micro_batch, step,
                         f"Narayanan et al. 2021 (arXiv:2104.04473), Table {table}: {tflops} TFLOP/s per GPU (eq. 3, "
-                        f"recomputation counted), {tp * pp * dp} A100 80 GB on Selene{assumed}",
-                        implementation="deepspeed" if zero_stage == 3 else "megatron")
+                        f"recomputation counted), {tp * pp * dp} A100 80 GB on Selene, fp16{assumed}",
+                        implementation="deepspeed" if zero_stage == 3 else "megatron", precision="fp16")
 
 
 GPT3 = (96, 12288, 96, 51200)  # GPT-3 175B's shape (Narayanan et al. 2021, Table 2: 174.6 B parameters)
@@ -111,8 +116,9 @@ def _korthikanti(name, recompute, mfu):
     return PublishedRun(name, MT_NLG, Layout(dp=8, tp=8, pp=35), 2240, 1, flops / (mfu * 2240 * 312e12),
                         f"Korthikanti et al. 2022 (arXiv:2205.05198), abstract: the 530B GPT on 2240 A100s at "
                         f"{mfu:.1%} MFU with {how}; Table 3's 530B: 105 layers, h 20480, 128 heads, TP 8, PP 35, "
-                        f"global batch 2240; micro-batch 1 and no interleaving assumed",
-                        recompute=recompute, sequence_parallel=recompute == "selective")
+                        f"global batch 2240; §6: the interleaved schedule with three stages per rank (one layer "
+                        f"a chunk); micro-batch 1 assumed",
+                        recompute=recompute, sequence_parallel=recompute == "selective", chunks=3)
 
 
 MT_NLG = (105, 20480, 128, 51200)  # the 530B GPT of Korthikanti et al. 2022 (Table 3)
@@ -175,7 +181,7 @@ def calibrated_utilization(runs=PUBLISHED_RUNS) -> float:
 
     def median_ratio(u):
         return statistics.median(predict(w, run.layout, run.cluster(utilization=u),
-                                         implementation=run.implementation).step_s / run.step_s
+                                         implementation=run.implementation, chunks=run.chunks).step_s / run.step_s
                                  for run, w in workloads)
 
     low, high = 0.2, 1.0

@@ -45,11 +45,35 @@ class Prediction:
 
 
 #: The cost terms :func:`predict` can leave out (``without=``), each to show what it adds (``tests/test_planner.py``).
-TERMS = ("attention", "memory_bound", "recompute", "tp", "pp", "bubble", "dp", "dp_overlap", "latency")
+TERMS = ("attention", "attention_kernel", "memory_bound", "recompute", "tp", "pp", "bubble", "dp", "dp_overlap",
+         "latency")
 #: DeepSpeed ZeRO-3's prefetch buffer, in parameters: ``stage3_prefetch_bucket_size``'s default, 5e7,
 #: "maximum number of parameter elements to fetch ahead of use" (``deepspeed/runtime/zero/config.py``); a
 #: tensor larger than it is gathered when needed, not ahead.
 DEEPSPEED_PREFETCH_PARAMS = 5e7
+#: DeepSpeed ZeRO-3's ``stage3_max_reuse_distance`` and ``stage3_max_live_parameters`` defaults, both 1e9
+#: parameters (``deepspeed/runtime/zero/config.py``): a gathered parameter is released unless it will be used
+#: again within that many parameters' fetches, and no more than that many are held gathered at once.
+DEEPSPEED_MAX_REUSE_DISTANCE = 1e9
+DEEPSPEED_MAX_LIVE_PARAMS = 1e9
+
+
+def deepspeed_backward_gathers(layer_params: float, recompute: str) -> int:
+    """All-gathers of one layer per backward under DeepSpeed's ZeRO-3 (:func:`zero3_step`'s
+    ``backward_gathers``): 2 when full recomputation's forward gathers the layer and releases it before its
+    backward gathers it again, else 1. It is released when the distance to its next use exceeds
+    :data:`DEEPSPEED_MAX_REUSE_DISTANCE`: between a tensor's use in the recomputed forward and in the
+    backward, every tensor of the layer is fetched once each way, 2 × ``layer_params`` (per rank); or when the
+    layer alone exceeds :data:`DEEPSPEED_MAX_LIVE_PARAMS`. So a layer of more than 0.5 B parameters (GPT-3's
+    1.8 B) is gathered three times a step, a smaller one twice."""
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute={recompute!r}; choose 'none', 'selective' or 'full'")
+    if layer_params <= 0:
+        raise ValueError(f"layer_params={layer_params!r} must be positive (one layer's parameters on a rank)")
+    if recompute != "full":
+        return 1
+    kept = 2 * layer_params <= DEEPSPEED_MAX_REUSE_DISTANCE and layer_params <= DEEPSPEED_MAX_LIVE_PARAMS
+    return 1 if kept else 2
 
 
 def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
@@ -58,9 +82,9 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     the package docstring for what it counts and what it leaves out). ``implementation`` and ``reshard``: as
     :func:`predict_dp_step` takes them; ``reshard=None``: ZeRO-3 beside a pipeline as
     ``torch.distributed.pipelining`` runs FSDP2 (``"after_step"``), else FSDP2's default (``"after_forward"``).
-    The implementation also sets the gradients' dtype: Megatron-LM in bf16 keeps and reduces them in fp32
-    (its ``arguments.py`` sets ``accumulate_allreduce_grads_in_fp32`` for bf16: 18 bytes per parameter);
-    DeepSpeed and the course in the compute dtype. ZeRO-3 is FSDP2's (one all-gather per block, the next
+    The implementation and precision also set the gradients' dtype, in memory and in the bytes reduced
+    (:meth:`Workload.grad_bytes`): Megatron-LM in bf16 keeps and reduces them in fp32 (18 bytes per
+    parameter), in fp16 in fp16; DeepSpeed and the course in the compute dtype. ZeRO-3 is FSDP2's (one all-gather per block, the next
     block prefetched) except under ``"deepspeed"``: DeepSpeed's ZeRO-3 as Narayanan et al. 2021 ran it, one
     all-gather per parameter tensor, prefetched only where a tensor fits its prefetch buffer
     (:data:`DEEPSPEED_PREFETCH_PARAMS`). ``chunks``: model chunks per pipeline rank (the interleaved 1F1B
@@ -93,7 +117,7 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     forward_s = slots * (forward + tp_forward + p2p_s)
     backward_s = slots * (backward + tp_backward + p2p_s)
     optimizer_s = psi * OPTIMIZER_BYTES_PER_PARAM / cluster.gpu.memory_bandwidth
-    grad_value = 4 if implementation == "megatron" and w.precision != "fp32" else w.value_bytes
+    grad_value = w.grad_bytes(implementation)  # Megatron-LM in bf16: fp32; in fp16: fp16
     zero3, deepspeed3 = layout.zero_stage == 3, layout.zero_stage == 3 and implementation == "deepspeed"
     prefetch = not deepspeed3 or w.layer_tensors[1] / tp <= DEEPSPEED_PREFETCH_PARAMS
     if dp > 1 and "dp" not in off:
@@ -105,7 +129,8 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
                                blocks=max(1, stages[slow]), overlap=cluster.overlap and "dp_overlap" not in off,
                                micro_batches=m, root_bytes=root, implementation=implementation, reshard=reshard,
                                gathers_per_block=w.layer_tensors[0] if deepspeed3 else 1, prefetch=prefetch,
-                               backward_gathers=2 if deepspeed3 and w.recompute == "full" else 1,
+                               backward_gathers=(deepspeed_backward_gathers(w.layer_params / tp, w.recompute)
+                                                 if deepspeed3 else 1),
                                reduce_bytes=psi * grad_value)
     else:
         step = forward_s + backward_s + optimizer_s / (dp if layout.zero_stage and dp > 1 else 1)
@@ -159,17 +184,21 @@ def _computation(w: Workload, layers: int, last: bool, tp: int, cluster: Cluster
     which holds ``layers`` layers (and the output layer if ``last``), in seconds."""
     tokens, rate = w.micro_batch * w.seq_len, cluster.gpu.flops * cluster.utilization
     attention = 0.0 if "attention" in off else w.attention_flops
-    layers_s = layers * (w.layer_flops - w.attention_flops + attention) * tokens / tp / rate
+    # a fused kernel (sdpa) runs attention's FLOPs at its own published rate where the GPU has one; eager
+    # attention's QKᵀ and weighted sum are matrix products like the rest
+    kernel = cluster.gpu.attention_flops if w.attention == "sdpa" and "attention_kernel" not in off else None
+    attention_s = layers * attention * tokens / tp / (kernel or rate)
+    layers_s = layers * (w.layer_flops - w.attention_flops) * tokens / tp / rate + attention_s
     output_s = (w.output_flops * tokens / tp / rate) if last else 0.0
     # the layers' memory-bound work: what they save for backward, read and written once per pass at HBM speed
     if "memory_bound" not in off:
         layers_s += layers * w.layer_bytes(tp) / cluster.gpu.memory_bandwidth
     forward = layers_s + output_s
-    redo = {"full": layers_s, "selective": layers * attention * tokens / tp / rate}[w.recompute] \
+    redo = {"full": layers_s, "selective": attention_s}[w.recompute] \
         if w.recompute != "none" and "recompute" not in off else 0.0
     # backward: twice the forward, plus what recomputation redoes (the layers' forward, or their attention
     # core); a fused attention kernel's backward recomputes the scores too (Workload.fused_backward_flops)
-    fused = layers * w.fused_backward_flops * (attention / w.attention_flops) * tokens / tp / rate
+    fused = attention_s * w.fused_backward_flops / w.attention_flops
     return layers_s, forward, 2 * forward + redo + fused
 
 

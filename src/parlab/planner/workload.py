@@ -14,6 +14,8 @@ from parlab.parallel.topology import Topology
 ATTENTIONS = ("sdpa", "eager")
 #: How much of each layer's forward backward runs again.
 RECOMPUTES = ("none", "selective", "full")
+#: The training precisions (chapter 01's estimator's): fp32, or mixed precision computing in bf16 or fp16.
+PRECISIONS = ("bf16", "fp16", "fp32")
 
 
 def root_params(config) -> int:
@@ -71,6 +73,9 @@ class Workload:
         positive_int("global_batch", self.global_batch, "sequences per step")
         positive_int("seq_len", self.seq_len, "tokens per sequence")
         positive_int("micro_batch", self.micro_batch, "sequences per forward pass")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}; choose one of {', '.join(map(repr, PRECISIONS))} "
+                             f"(fp32, or mixed precision with 16-bit bf16 or fp16 compute)")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention={self.attention!r}; choose one of {', '.join(map(repr, ATTENTIONS))} "
                              f"(sdpa: fused, no s × s scores kept; eager: the scores kept, as 2021-22 Megatron-LM)")
@@ -93,6 +98,14 @@ class Workload:
     @property
     def value_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
+
+    def grad_bytes(self, implementation: str) -> int:
+        """Bytes of one gradient value as ``implementation`` keeps and reduces it: Megatron-LM in bf16 forces
+        fp32 (its ``arguments.py``: "bfloat16 requires gradient accumulation and all-reduce to be done in
+        fp32", setting ``accumulate_allreduce_grads_in_fp32``), and in fp16 keeps them in fp16 (the flag's
+        default is off: Narayanan et al. 2021's ``--fp16`` runs); DeepSpeed and the course keep them in the
+        compute dtype."""
+        return 4 if implementation == "megatron" and self.precision == "bf16" else self.value_bytes
 
     @property
     def output_params(self) -> int:
@@ -161,8 +174,14 @@ class Workload:
 
     @property
     def recompute_flops(self) -> float:
-        """FLOPs per token and layer that backward runs again: the whole forward (full), the attention core
-        (selective: Korthikanti et al. 2022, Table 4's 2.7 % for GPT-3) or none."""
+        """FLOPs per token and layer that backward runs again: the whole forward (full), or the attention
+        core's QKᵀ and weighted sum once more, 4·s·h (selective: Korthikanti et al. 2022, Appendix A, "an
+        additional forward pass attention matrix computation (2Bs²h) and attention over values (2Bs²h)"), or
+        none. Counted so, selective recomputation adds 0.9 % to GPT-3's model FLOPs. The paper's "only 2.7 %
+        and 1.6 % FLOPs overhead" for GPT-3 and MT-NLG (§5) is its eq. 8 ÷ eq. 7 − 1, and eq. 8 adds
+        72·B·L·s·h²·s/6h = 12·B·s²·h per layer: three times the 4·B·s²·h its text adds. What it costs in
+        time is Table 4's: 7 % of a 22B layer's forward and backward, 4 % with SP (the softmax and dropout
+        it reruns are memory-bound, not FLOPs)."""
         return {"full": self.layer_flops, "selective": self.attention_flops, "none": 0.0}[self.recompute]
 
 

@@ -202,10 +202,10 @@ def _course_ddp_step():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params
     tl = Timeline()
-    log = CommLog(timeline=tl)
-    ddp = DDPOverlap(model, on_collective=log)
-    ddp(torch.randn(2, 16)).sum().backward()
-    ddp.sync_gradients()
+    with CommLog(timeline=tl) as log:
+        ddp = DDPOverlap(model)
+        ddp(torch.randn(2, 16)).sum().backward()
+        ddp.sync_gradients()
     return totals(log.records), [e.kind for e in tl.events]
 
 
@@ -221,14 +221,13 @@ def _batched_exchange():
     from parlab.parallel import communicate_batch
 
     r, n = dist.get_rank(), dist.get_world_size()
-    log = CommLog()
     mine = torch.full((3,), float(r))  # 12 bytes
     left, right = torch.empty(3), torch.empty(3)
-    # every rank sends to both neighbours and receives from both, in one batch: no order can deadlock
-    waits = communicate_batch([("send", mine, (r + 1) % n, "to right"), ("send", mine, (r - 1) % n, "to left"),
-                               ("recv", left, (r - 1) % n, "from left"), ("recv", right, (r + 1) % n, "from right")],
-                              on_collective=log)
-    for w in waits:
+    with CommLog() as log:
+        # every rank sends to both neighbours and receives from both, in one batch: no order can deadlock
+        waits = communicate_batch([("send", mine, (r + 1) % n, "to right"), ("send", mine, (r - 1) % n, "to left"),
+                                   ("recv", left, (r - 1) % n, "from left"), ("recv", right, (r + 1) % n, "from right")])
+    for w in waits:  # waited for after the block: each still reports to the log open when it was issued
         w.wait()
     return left.tolist(), right.tolist(), [(rec.op, rec.bytes, rec.label) for rec in log.records]
 
@@ -255,14 +254,14 @@ def _rooted_ops():
     from parlab.measure import CommLog
     from parlab.parallel.comm import communicate
     rank, n = dist.get_rank(), dist.get_world_size()
-    log = CommLog()
     mine = torch.empty(3)
     chunks = [torch.full((3,), float(r)) for r in range(n)] if rank == 1 else None
-    communicate("scatter", mine, src=1, chunks=chunks, on_collective=log)
     gathered = [torch.empty(3) for _ in range(n)] if rank == 1 else None
-    communicate("gather", mine + 10, dst=1, chunks=gathered, on_collective=log)
     total = torch.full((2,), float(rank + 1))
-    communicate("reduce", total, dst=1, on_collective=log)
+    with CommLog() as log:
+        communicate("scatter", mine, src=1, chunks=chunks)
+        communicate("gather", mine + 10, dst=1, chunks=gathered)
+        communicate("reduce", total, dst=1)
     return mine, gathered, total if rank == 1 else None, [(r.op, r.bytes, r.group_size) for r in log.records]
 
 

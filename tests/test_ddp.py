@@ -18,6 +18,7 @@ from torch.testing import assert_close
 
 import parlab
 from parlab.launch import preload
+from parlab.measure import CommLog
 from parlab.models import regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
 from parlab.parallel import DDPBuckets, DDPNaive, DDPOverlap
 
@@ -49,16 +50,15 @@ class NoAverage(DDPNaive):
             self._communicate("all_reduce", p.grad, i)
 
 
-def wrap(kind: str, model, bucket_bytes, events):
-    record = events.append
+def wrap(kind: str, model, bucket_bytes):
     if kind == "v1":
-        return DDPNaive(model, on_collective=record)
+        return DDPNaive(model)
     if kind == "v2":
-        return DDPBuckets(model, bucket_bytes, on_collective=record)
+        return DDPBuckets(model, bucket_bytes)
     if kind == "v3":
-        return DDPOverlap(model, bucket_bytes, on_collective=record)
+        return DDPOverlap(model, bucket_bytes)
     if kind == "no_average":
-        return NoAverage(model, on_collective=record)
+        return NoAverage(model)
     return torch.nn.parallel.DistributedDataParallel(model)
 
 
@@ -67,29 +67,28 @@ def train(kind: str, task: str, bucket_bytes=None, accum: int = 1):
     rank, n = parlab.rank(), parlab.world_size()
     # Each rank starts from a different initialisation: only the wrapper's broadcast makes them agree.
     model, batch, loss_fn = build(task, seed=1 + rank)
-    events = []
-    ddp = wrap(kind, model, bucket_bytes, events)
+    ddp = wrap(kind, model, bucket_bytes)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     trace = {"backward": [], "comm_in_no_sync": 0}
     for s in range(STEPS):
         mine = shard(batch(s, GLOBAL_BATCH * accum), rank, n)
         micro = [shard(mine, i, accum) for i in range(accum)]
-        events.clear()
-        for i, mb in enumerate(micro):
-            last = i == accum - 1
-            # Dividing by accum makes the summed micro-batch gradients those of the mean over all of them.
-            with ddp.no_sync() if not last else contextlib.nullcontext():
-                loss = loss_fn(ddp, mb) / accum
-                start = time.perf_counter()
-                loss.backward()
-                trace["backward"].append((start, time.perf_counter()))
-                if not last:
-                    trace["comm_in_no_sync"] += len(events)
-        if kind != "torch":
-            ddp.sync_gradients()
+        with CommLog() as log:  # this step's collectives
+            for i, mb in enumerate(micro):
+                last = i == accum - 1
+                # Dividing by accum makes the summed micro-batch gradients those of the mean over all of them.
+                with ddp.no_sync() if not last else contextlib.nullcontext():
+                    loss = loss_fn(ddp, mb) / accum
+                    start = time.perf_counter()
+                    loss.backward()
+                    trace["backward"].append((start, time.perf_counter()))
+                    if not last:
+                        trace["comm_in_no_sync"] += len(log.records)
+            if kind != "torch":
+                ddp.sync_gradients()
         opt.step()
         opt.zero_grad()
-    trace["events"] = [e for e in events if e.op == "all_reduce"]  # the last step's collectives
+    trace["events"] = [e for e in log.records if e.op == "all_reduce"]  # the last step's collectives
     trace["buckets"] = [b.names for b in getattr(ddp, "buckets", [])]
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, trace
 

@@ -33,9 +33,8 @@ def _played():
     opt = torch.optim.SGD(model.parameters(), lr=0.05) if rank == 0 else None
     batches = _batches(n)
     losses = train_like_dataparallel(model, batches[:-1], opt)
-    timeline = Timeline()
-    log = CommLog(timeline=timeline)
-    losses.append(dataparallel_step(model, batches[-1], opt, timeline, log))
+    with Timeline() as timeline, CommLog(timeline=timeline) as log:
+        losses.append(dataparallel_step(model, batches[-1], opt))
     grads_held = sum(p.grad is not None for p in model.parameters())
     return {"state": model.state_dict() if rank == 0 else None, "losses": losses, "records": log.records,
             "events": timeline.events, "grads_held": grads_held}

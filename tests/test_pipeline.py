@@ -19,6 +19,7 @@ from torch.testing import assert_close
 
 import parlab
 from parlab.launch import preload
+from parlab.measure import CommLog, Timeline
 from parlab.models import regression_batch, tiny_blocks, tiny_gpt2, token_batch
 from parlab.parallel import pipeline_p2p as p2p
 from parlab.parallel import pipeline_schedule as ps
@@ -155,30 +156,26 @@ def build(task: str, num_stages: int):
 class ForgetsTheMean(Pipeline):
     """A planted bug: each micro-batch's loss is back-propagated whole, not divided by their number."""
 
-    def step(self, inputs=None, targets=None, **kw):
+    def step(self, inputs=None, targets=None):
         fn = self.loss_fn
         self.loss_fn = lambda out, y: fn(out, y) * self.schedule.num_micro_batches
         try:
-            return super().step(inputs, targets, **kw)
+            return super().step(inputs, targets)
         finally:
             self.loss_fn = fn
 
 
 def ours(task, name, bug=False):
     """Runs on a rank: one step of our executor; returns losses, gradients by stage, order, messages."""
-    from parlab.measure import CommLog, Timeline
-
     rank, p = parlab.rank(), parlab.world_size()
     schedule = ps.make(name, p, 1 if name == "naive" else M)
     model, stages, x, y, loss_fn, shape = build(task, schedule.num_stages)
     if name == "naive":
         shape = (BATCH, *shape[1:])
-    log = CommLog()
     kind = ForgetsTheMean if bug else Pipeline
-    pipe = kind([stages[s] for s in schedule.stages_of(rank)], schedule, activation_shape=shape, loss_fn=loss_fn,
-                on_collective=log)
-    timeline = Timeline()
-    losses = pipe.step(x, y, timeline=timeline)
+    pipe = kind([stages[s] for s in schedule.stages_of(rank)], schedule, activation_shape=shape, loss_fn=loss_fn)
+    with CommLog() as log, Timeline() as timeline:
+        losses = pipe.step(x, y)
     grads = {s: [q.grad.clone() for q in stages[s].parameters()] for s in schedule.stages_of(rank)}
     return {"losses": losses, "grads": grads, "order": ps.recorded_ops(timeline.events, rank),
             "messages": [(r.op, r.bytes, r.label) for r in log.records]}
@@ -187,20 +184,19 @@ def ours(task, name, bug=False):
 def theirs(task, name):
     """The same step with torch.distributed.pipelining's schedule of that name."""
     import torch.distributed.pipelining as pipelining
-    from parlab.measure import Timeline
 
     rank, p = parlab.rank(), parlab.world_size()
     schedule = ps.make(name, p, M)
     model, stages, x, y, loss_fn, _ = build(task, schedule.num_stages)
     mine = schedule.stages_of(rank)
-    timeline = Timeline()
     torch_stages = [record_stage(pipelining.PipelineStage(stages[s], s, schedule.num_stages, parlab.device()),
-                                 timeline, with_stage=len(mine) > 1) for s in mine]
+                                 with_stage=len(mine) > 1) for s in mine]
     kind = getattr(pipelining, TORCH[name])
     run = kind(torch_stages if len(mine) > 1 else torch_stages[0], M, loss_fn=loss_fn)
     first, last = 0 in mine, schedule.num_stages - 1 in mine
     losses: list = []
-    run.step(*((x,) if first else ()), **({"target": y, "losses": losses} if last else {}))
+    with Timeline() as timeline:
+        run.step(*((x,) if first else ()), **({"target": y, "losses": losses} if last else {}))
     order = getattr(run, "pipeline_order", None)
     return {"losses": [v.detach() for v in losses], "grads": {s: [q.grad.clone() for q in stages[s].parameters()]
                                                              for s in mine},
@@ -313,22 +309,21 @@ def test_zero_bubble_and_dualpipe_schedules_run_on_gloo():
 
     def run(kind, style):
         import torch.distributed.pipelining as pipelining
-        from parlab.measure import Timeline
 
         rank, p = parlab.rank(), parlab.world_size()
         model, stages, x, y, loss_fn, _ = build("mlp", 2 * p)
         mine = [rank, 2 * p - 1 - rank] if style == "v" else [rank, rank + p]
-        timeline = Timeline()
-        st = [record_stage(pipelining.PipelineStage(stages[s], s, 2 * p, parlab.device()), timeline, with_stage=True)
+        st = [record_stage(pipelining.PipelineStage(stages[s], s, 2 * p, parlab.device()), with_stage=True)
               for s in mine]
         schedule = getattr(pipelining, kind)(st, M, loss_fn=loss_fn)
         losses: list = []
-        if rank == 0:
-            schedule.step(x, target=y, losses=losses) if style == "v" else schedule.step(x)
-        elif style != "v" and rank == p - 1:
-            schedule.step(target=y, losses=losses)
-        else:
-            schedule.step()
+        with Timeline() as timeline:
+            if rank == 0:
+                schedule.step(x, target=y, losses=losses) if style == "v" else schedule.step(x)
+            elif style != "v" and rank == p - 1:
+                schedule.step(target=y, losses=losses)
+            else:
+                schedule.step()
         return ({s: [q.grad.clone() for q in stages[s].parameters()] for s in mine},
                 ps.recorded_ops(timeline.events, rank), ps.from_torch(schedule.pipeline_order, M).names(rank))
 
@@ -345,23 +340,28 @@ def test_zero_bubble_and_dualpipe_schedules_run_on_gloo():
 
 
 def test_measured_activations_are_the_count_from_the_order():
-    """What chapter 06 asserts of PyTorch's schedules: each rank's peak of activations, measured by the
-    ActivationTracker, is the count from the schedule's order (a forward adds a micro-batch, the B or W that
-    finishes it releases it), for 1F1B and the schedules that split the backward. A tracker that kept the
-    split backward's graph alive, or that charged the first stage the whole batch, fails it."""
+    """What chapter 06 asserts of PyTorch's schedules and ours: each rank's peak of activations, measured by
+    the ActivationTracker around the whole step, is the count from the schedule's order (a forward adds a
+    micro-batch, the B or W that finishes it releases it), for 1F1B and the schedules that split the
+    backward. A tracker that kept the split backward's graph alive, that charged the first stage the whole
+    batch, or that counted what the loss keeps on the last stage, fails it."""
     from parlab.bench.pipeline import TORCH_SCHEDULES, record
 
     preload("torch._dynamo", "torch.distributed.pipelining")
     p, m = 2, 4
-    names = ("1f1b", "zero-bubble", "zbv", "dualpipev")
+    runs = [("torch", n, m, 2) for n in ("1f1b", "zero-bubble", "zbv", "dualpipev")]
+    runs += [("ours", "gpipe", m, 1), ("ours", "1f1b", m, 1), ("ours", "interleaved", m, 2)]
     cfg = dict(hidden=HIDDEN, batch=BATCH, blocks_per_rank=2)
-    out = parlab.launch(record, world_size=p, args=([("torch", n, m, 2) for n in names], cfg, 1), timeout=120,
-                        announce=False)
-    for i, name in enumerate(names):
+    out = parlab.launch(record, world_size=p, args=(runs, cfg, 1), timeout=120, announce=False)
+    for i, (who, name, _, v) in enumerate(runs):
         order = out[0][i]["pipeline_order"]
-        schedule = ps.one_f_one_b(p, m) if order is None else ps.from_torch(order, m, TORCH_SCHEDULES[name])
+        if who == "ours":
+            schedule = ps.make(name, p, m, v)
+        else:
+            schedule = ps.one_f_one_b(p, m) if order is None else ps.from_torch(order, m, TORCH_SCHEDULES[name])
         counted = [peak / schedule.stages_per_rank for peak in ps.peak_in_flight(schedule)]
-        assert [out[r][i]["peak"] / out[r][i]["per_micro_batch"] for r in range(p)] == pytest.approx(counted), name
+        got = [out[r][i]["peak"] / out[r][i]["per_micro_batch"] for r in range(p)]
+        assert got == pytest.approx(counted), (who, name)
 
 
 def test_zero_bubble_gain_at_equal_stages_per_rank():
@@ -478,9 +478,9 @@ def test_neighbouring_stages_on_one_rank_hand_over_in_memory():
     def run():
         schedule = ps.interleaved_1f1b(1, M, 2)
         model, stages, x, y, loss_fn, shape = build("mlp", 2)
-        log = []
-        Pipeline(stages, schedule, activation_shape=shape, on_collective=log.append).step(x, y)
-        return [[q.grad for q in st.parameters()] for st in stages], len(log)
+        with CommLog() as log:
+            Pipeline(stages, schedule, activation_shape=shape).step(x, y)
+        return [[q.grad for q in st.parameters()] for st in stages], len(log.records)
 
     _, grads = reference("mlp", "1f1b", 2)
     got, messages = parlab.launch(run, world_size=1, timeout=60, output="none", announce=False)[0]

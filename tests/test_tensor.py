@@ -109,17 +109,17 @@ def layers_alone():
 def one_step(name: str, sp: bool, plan_edit=None):
     """One forward/backward of a scratch-parallel model: loss, whole logits, whole gradients, records."""
     model = build(name)
-    log = CommLog()
     t = dist.get_world_size()
     plan = tm.scratch_plan(model, t, sp)
     if plan_edit:
         plan = plan_edit(plan)
-    plans.parallelize(model, plan, sequence_parallel=sp, on_collective=log)
+    plans.parallelize(model, plan, sequence_parallel=sp)
     tm.localize_heads(model, t)
     ids = batch()
-    logits = model(input_ids=ids).logits  # (B, S, V / t)
-    loss = tp.vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:], on_collective=log)
-    loss.backward()
+    with CommLog() as log:
+        logits = model(input_ids=ids).logits  # (B, S, V / t)
+        loss = tp.vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:])
+        loss.backward()
     out = {"loss": loss.item(), "logits": gather_last(logits.detach()), "grads": tm_dense(model, True),
            "params": tm_dense(model, False), "records": list(log.records)}
     out["activations"] = measure_activations(model, input_ids=ids)
@@ -162,7 +162,7 @@ class BiasBeforeSum:
             def forward(self, x):
                 return tp.reduce_from_tp(F.linear(x, self.weight, self.bias), self.comm)
 
-        return Buggy(module, comm.group, on_collective=comm.on_collective, name=comm.name)
+        return Buggy(module, comm.group, name=comm.name)
 
 
 def with_bug(plan):

@@ -25,7 +25,7 @@ from torch.testing import assert_close
 import parlab
 from parlab.bench.zero import FirstGradients, margin
 from parlab.launch import preload
-from parlab.measure import CommLog, record_comm, record_ddp
+from parlab.measure import CommLog, Timeline, record_comm, record_ddp
 from parlab.models import regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
 from parlab.parallel import ZeroStage1, ZeroStage2, ZeroStage3
 
@@ -87,7 +87,8 @@ def _planted(stage, bug):
 
 
 def _wrap(name, model, blocks, opt, log):
-    """(what the loop calls, its optimizer or None, a function returning the final parameters)."""
+    """(what the loop calls, its optimizer or None, a function returning the final parameters). ``log``:
+    where PyTorch's DDP records its buckets (a comm hook); the course's stages record into the attached log."""
     optimizer, kwargs = OPTIMIZERS[opt]
     kwargs = dict(kwargs, lr=LR)
     if name.startswith(("zero1", "zero2", "zero3")):
@@ -100,7 +101,7 @@ def _wrap(name, model, blocks, opt, log):
             stage = NoGather
         elif name.endswith(("_divided_twice", "_summed")):
             stage = _planted(stage, name.split("_", 1)[1])
-        zero = stage(model, optimizer, on_collective=log, **extra, **kwargs)
+        zero = stage(model, optimizer, **extra, **kwargs)
         return zero, None, zero.full_state_dict
     if name.startswith("fsdp2"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -140,7 +141,7 @@ def train(name: str, opt: str, task: str) -> dict:
         log.records.clear()
         mine = shard(batch(s), rank, n)
         mine = tuple(t.to(dev) for t in mine) if isinstance(mine, tuple) else mine.to(dev)
-        with record_comm() as seen:  # broadcasts ZeroRedundancyOptimizer issues from Python
+        with log, record_comm() as seen:  # and the broadcasts ZeroRedundancyOptimizer issues from Python
             loss = loss_fn(model_, mine)
             start = time.perf_counter()
             loss.backward()
@@ -374,6 +375,28 @@ def test_prefetch_holds_two_blocks_at_once(trained):
             blocks = [p for g, _, p in out["groups"] if g != "root"]
             want = 4 * reference_peak_gathered(blocks, root[0] if root else 0, prefetch)
             assert out["peak_gathered"] == want, f"{name}/{task} at world size {n}"
+
+
+def _stage3_spans():
+    model = tiny_mlp()
+    zero = ZeroStage3(model, torch.optim.SGD, lr=0.1)
+    x, y = regression_batch(4)
+    F.mse_loss(zero(x), y).backward()  # nothing attached: nothing recorded, nothing fails
+    zero.step()
+    zero.zero_grad()
+    with Timeline() as tl:
+        F.mse_loss(zero(x), y).backward()
+        zero.step()
+    return [(e.name, e.kind) for e in tl.events], [g.name for g in zero._units]
+
+
+def test_stage3_draws_its_blocks_on_an_attached_timeline():
+    """Stage 3's hooks begin a block's span in one hook and end it in another; they land on the timeline
+    attached around the step: each block's forward (``f``) and backward (``b``), and each wait for a gather."""
+    events, blocks = parlab.launch(_stage3_spans, world_size=2, timeout=30, output="none", announce=False)[0]
+    for kind, block in ((k, b) for k in "fb" for b in blocks):
+        assert (f"{kind} {block}", "compute") in events, (kind, block, events)
+    assert {name for name, kind in events if kind == "idle"} == {f"wait {g}" for g in blocks}
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import parlab
 from parlab.measure import ActivationTracker, CommLog, Timeline, measure_activations
+from parlab.measure.attach import not_activations
 from parlab.measure.steptime import time_alternating
 from parlab.models import regression_batch, tiny_blocks
 from parlab.parallel import pipeline_schedule as ps
@@ -38,7 +39,9 @@ COMPARED = ("gpipe", "1f1b", "interleaved")
 
 
 def _setup(run: tuple, cfg: dict):
-    """The pieces one run needs on this rank: (step function, this rank's stage modules, their indices)."""
+    """The pieces one run needs on this rank: (step function, this rank's stage modules, their indices). The
+    step records into whatever is attached around it: a ``CommLog``, a ``Timeline``, an ``ActivationTracker``
+    (which counts the stages' activations, not the loss's)."""
     who, name, m, v = run
     rank, p = parlab.rank(), parlab.world_size()
     v = 1 if name in ("naive", "gpipe", "1f1b") else (2 if name in V_SHAPED else v)  # stages per rank
@@ -49,28 +52,20 @@ def _setup(run: tuple, cfg: dict):
     first, last = 0 in mine, p * v - 1 in mine
     if who == "ours":
         schedule = ps.make(name, p, m, v)
-        log = CommLog()
-        pipe = Pipeline([stages[s] for s in mine], schedule, activation_shape=(cfg["batch"] // m, cfg["hidden"]),
-                        on_collective=log)
-
-        def step(timeline=None, tracker=None):
-            log.records.clear()
-            return pipe.step(x if first else None, y if last else None, timeline=timeline, tracker=tracker)
-
-        return step, [stages[s] for s in mine], mine, log
+        pipe = Pipeline([stages[s] for s in mine], schedule, activation_shape=(cfg["batch"] // m, cfg["hidden"]))
+        return functools.partial(pipe.step, x if first else None, y if last else None), [stages[s] for s in mine], mine
     import torch.distributed.pipelining as pipelining
 
     # PyTorch cuts the batch into views of one storage, and an ActivationTracker counts a storage once,
     # whole: the first stage would count the entire batch as soon as it saved one micro-batch's input. A
     # copy gives each micro-batch's input a storage of its own, as our executor's are.
     modules = {s: torch.nn.Sequential(_OwnStorage(), *stages[s]) if s == 0 else stages[s] for s in mine}
-    torch_stages = [pipelining.PipelineStage(modules[s], s, p * v, parlab.device()) for s in mine]
+    torch_stages = [record_stage(pipelining.PipelineStage(modules[s], s, p * v, parlab.device()), with_stage=v > 1)
+                    for s in mine]
     schedule = getattr(pipelining, TORCH_SCHEDULES[name])(torch_stages if v > 1 else torch_stages[0], m,
-                                                           loss_fn=F.mse_loss)
+                                                           loss_fn=_not_counted(F.mse_loss))
 
-    def step(timeline=None, tracker=None):
-        for stage in torch_stages:  # record this step into this timeline (None: record nothing)
-            record_stage(stage, timeline, tracker, with_stage=v > 1)
+    def step():
         losses: list = []
         schedule.step(*((x,) if first else ()), **({"target": y, "losses": losses} if last else {}))
         return losses
@@ -79,7 +74,17 @@ def _setup(run: tuple, cfg: dict):
     # PyTorch 2.13 Schedule1F1B's omits the last rank's first forward), so ours stands in for it.
     multi = isinstance(schedule, pipelining.schedules.PipelineScheduleMulti)
     step.pipeline_order = schedule.pipeline_order if multi else None
-    return step, [modules[s] for s in mine], mine, None
+    return step, [modules[s] for s in mine], mine
+
+
+def _not_counted(loss_fn):
+    """``loss_fn`` for PyTorch's schedule, which computes the loss outside its stages: what it saves for
+    backward is kept out of an ActivationTracker's count, as our executor keeps it."""
+    @functools.wraps(loss_fn)
+    def loss(*args, **kwargs):
+        with not_activations():
+            return loss_fn(*args, **kwargs)
+    return loss
 
 
 class _OwnStorage(torch.nn.Module):
@@ -96,21 +101,22 @@ def record(runs: list[tuple], cfg: dict, steps: int = 3) -> list[dict]:
     """
     out = []
     for run in runs:
-        step, modules, mine, log = _setup(run, cfg)
+        step, modules, mine = _setup(run, cfg)
         step()  # untimed: first-call costs (allocations, PyTorch's shape exchange) stay out of the record
         best, rounds = None, []
         for _ in range(steps):
             for module in modules:
                 module.zero_grad(set_to_none=True)
-            timeline, tracker = Timeline(), ActivationTracker([q for m in modules for q in m.parameters()])
-            losses = step(timeline, tracker)
+            tracker = ActivationTracker([q for m in modules for q in m.parameters()])
+            with CommLog() as log, Timeline() as timeline, tracker:
+                losses = step()
             seconds = max(e.end for e in timeline.events) - min(e.start for e in timeline.events)
             seconds = _slowest(seconds)
             rounds.append(timeline.events)
             if best is None or seconds < best["seconds"]:
                 best = {"events": timeline.events, "seconds": seconds, "peak": tracker.peak,
                         "memory": [(t - timeline.zero, b) for t, b in tracker.samples],
-                        "messages": [(r.op, r.bytes) for r in log.records] if log else [],
+                        "messages": [(r.op, r.bytes) for r in log.records],  # PyTorch's send past our door: []
                         "losses": [float(v.detach()) for v in losses]}
         b = cfg["batch"] // run[2]
         x = torch.randn(b, cfg["hidden"], device=parlab.device())
@@ -136,7 +142,7 @@ def measure(cfg: dict) -> dict:
     fns = {}
     for name in COMPARED:
         for who in ("ours", "torch"):
-            step, modules, _, _ = _setup((who, name, cfg["m"], 2), cfg)
+            step, modules, _ = _setup((who, name, cfg["m"], 2), cfg)
             fns[f"{who} {name}"] = functools.partial(_train_step, step, modules)
     return time_alternating(fns, rounds=cfg["rounds"], steps=cfg["steps"], warmup=cfg["warmup"])
 
@@ -223,8 +229,9 @@ def gpt2_step(who: str, name: str) -> dict:
     log = CommLog()
     if who == "ours":
         pipe = Pipeline([stages[s].to(parlab.device()) for s in mine], schedule, loss_fn=causal_lm_loss,
-                        activation_shape=(GPT2["batch"] // m, GPT2["seq"], GPT2["embd"]), on_collective=log)
-        losses = pipe.step(tokens if first else None, tokens if last else None)
+                        activation_shape=(GPT2["batch"] // m, GPT2["seq"], GPT2["embd"]))
+        with log:
+            losses = pipe.step(tokens if first else None, tokens if last else None)
     else:
         import torch.distributed.pipelining as pipelining
 

@@ -208,15 +208,15 @@ def layer_all_reduces(cfg: dict, n_steps: int = 5):
     swept, no_core_sweep = sweep_own(sizes)
     model = tiny_gpt2(n_layer=cfg["layers"], n_embd=cfg["hidden"], n_head=cfg["heads"], vocab_size=cfg["vocab"],
                       n_positions=cfg["seq_len"])
-    log, n = CommLog(), parlab.world_size()
-    parallelize(model, tm.scratch_plan(model, n), on_collective=log)
+    n = parlab.world_size()
+    parallelize(model, tm.scratch_plan(model, n))
     tm.localize_heads(model, n)
     ids, per_step, step_s, delays = token_batch(cfg["batch"], cfg["seq_len"], cfg["vocab"], seed=0), [], [], []
     for _ in range(n_steps):
-        log.records.clear()
         delay, start = run_delay(), time.perf_counter()
-        logits = model(input_ids=ids).logits
-        vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:]).backward()
+        with CommLog() as log:
+            logits = model(input_ids=ids).logits
+            vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:]).backward()
         step_s.append(time.perf_counter() - start)
         delays.append(None if delay is None else run_delay() - delay)
         per_step.append([r for r in log.records if str(r.label).startswith("transformer.h.")])

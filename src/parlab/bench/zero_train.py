@@ -76,8 +76,10 @@ class FirstGradients:
 
 
 def train(make, cfg: dict) -> dict:
-    """Runs on every rank: ``cfg["steps"]`` steps of ``make(model, log)`` (a wrapper) on this rank's shard of
-    each global batch. ``cfg``: ``sizes`` (``tiny_gpt2``'s), ``batch_per_rank``, ``seq_len``, ``steps``.
+    """Runs on every rank: ``cfg["steps"]`` steps of ``make(model)`` (a wrapper) on this rank's shard of
+    each global batch, each step inside ``with CommLog(), Timeline():`` (a ``Wrapped`` PyTorch DDP's buckets
+    are recorded by a comm hook). ``cfg``: ``sizes`` (``tiny_gpt2``'s), ``batch_per_rank``, ``seq_len``,
+    ``steps``.
 
     Each rank starts from its *own* random GPT-2 (seed = rank): only the wrapper's broadcast makes them agree.
     Returns the full weights (``state``), the global batch's ``losses``, the first step's reduced ``grads``,
@@ -85,14 +87,18 @@ def train(make, cfg: dict) -> dict:
     ``watched_ops``), the bytes the OS saw this rank send in it (``sent``), what it holds after it
     (``memory``), its timeline (``events``), each step's seconds on this rank (``step_s``), and the course's
     stages' flat ``groups`` and (stage 3) gathered-weights ``trace``."""
-    from parlab.measure import CommLog, Timeline, measure_memory, record_comm
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parlab.measure import CommLog, Timeline, measure_memory, record_comm, record_ddp
     from parlab.models import shard, tiny_gpt2, token_batch
     from parlab.parallel import ZeroStage3
 
     rank, n, dev = parlab.rank(), parlab.world_size(), parlab.device()
     model = tiny_gpt2(**cfg["sizes"], seed=rank).to(dev)  # a different model on every rank, until broadcast
     log = CommLog()
-    zero = make(model, log)
+    zero = make(model)
+    if isinstance(getattr(zero, "model", None), DistributedDataParallel):
+        record_ddp(zero.model, log)  # PyTorch's DDP all-reduces from C++, past the door: a comm hook records it
     grads = FirstGradients(zero)
     watched = getattr(zero, "watched_ops", ())
     watch = record_comm if watched else contextlib.nullcontext
@@ -101,13 +107,11 @@ def train(make, cfg: dict) -> dict:
     for step in range(cfg["steps"]):
         log.records.clear()
         timeline = log.timeline = Timeline()  # a barrier, then t = 0 on every rank
-        if blocks_spans:
-            zero.timeline = timeline
         span = (lambda name: contextlib.nullcontext()) if blocks_spans else timeline.span
         batch = token_batch(cfg["batch_per_rank"] * n, cfg["seq_len"], cfg["sizes"]["vocab_size"], seed=step)
         x = shard(batch, rank, n).to(dev)  # (batch_per_rank, seq_len)
         before, start = bytes_written(), time.perf_counter()
-        with watch() as seen:
+        with log, timeline, watch() as seen:
             with span("forward"):
                 loss = zero(input_ids=x, labels=x).loss
             with span("backward"):

@@ -31,10 +31,10 @@ Where it runs: on ``process_group`` (default: every rank). Chapter 07 passes the
 their local shards, so the same code averages each shard over its data-parallel replicas.
 
 Observing communication: every collective goes through ``parlab.parallel.comm.communicate``, the door all
-the course's strategies share. Pass ``on_collective=callback`` (e.g. a ``parlab.measure.CommLog``) and the
-callback receives one ``CommRecord`` per collective (op, bytes, group size, global and in-group rank, start
-and end times, and the bucket index as ``label``); ``sync_gradients`` returns only after every callback
-has run.
+the course's strategies share, so it records into any attached ``parlab.measure.CommLog`` (``with CommLog()
+as log:`` around the step): one ``CommRecord`` per collective (op, bytes, group size, global and in-group
+rank, start and end times, and the bucket index as ``label``); ``sync_gradients`` returns only after every
+record is in.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from parlab.checks import positive_int
-from parlab.parallel.comm import OnCollective, check_callback, communicate
+from parlab.parallel.comm import communicate
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb=25 (MiB)
 
@@ -74,11 +74,10 @@ class DDPNaive(nn.Module):
     Li et al. 2020, section 3.2, "a naive solution".
     """
 
-    def __init__(self, module: nn.Module, process_group=None, on_collective: OnCollective | None = None):
+    def __init__(self, module: nn.Module, process_group=None):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module; got {type(module).__name__}")
-        check_callback(on_collective)
         if not dist.is_initialized():
             raise RuntimeError("DDP needs an initialised process group: run inside parlab.launch (or torchrun "
                                "after dist.init_process_group), or pass process_group=...")
@@ -86,7 +85,6 @@ class DDPNaive(nn.Module):
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.process_group)
         self.world_size = dist.get_world_size(self.process_group)
-        self.on_collective = on_collective
         # Parameters that train; a tied weight appears once in parameters(), so it is reduced once.
         self._params = [p for p in module.parameters() if p.requires_grad]
         # Same starting point everywhere: rank 0's values overwrite the others' (buffers too, e.g.
@@ -100,10 +98,9 @@ class DDPNaive(nn.Module):
 
     def _communicate(self, op: str, tensor: torch.Tensor, label, *, src: int | None = None,
                      async_op: bool = False):
-        """Every collective of this wrapper, on its group, reported to ``on_collective`` with ``label``
-        (the bucket index; v1: the parameter index; ``None`` for the initial broadcast)."""
-        return communicate(op, tensor, self.process_group, src=src, async_op=async_op,
-                           on_collective=self.on_collective, label=label)
+        """Every collective of this wrapper, on its group, recorded with ``label`` (the bucket index; v1:
+        the parameter index; ``None`` for the initial broadcast)."""
+        return communicate(op, tensor, self.process_group, src=src, async_op=async_op, label=label)
 
     @torch.no_grad()
     def sync_gradients(self) -> None:
@@ -141,11 +138,10 @@ class DDPBuckets(DDPNaive):
     Li et al. 2020, section 3.2, "gradient bucketing".
     """
 
-    def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, process_group=None,
-                 on_collective: OnCollective | None = None):
+    def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, process_group=None):
         positive_int("bucket_bytes", bucket_bytes, f"bytes per bucket, e.g. {DEFAULT_BUCKET_BYTES} as in "
                      f"PyTorch's DDP")
-        super().__init__(module, process_group, on_collective)
+        super().__init__(module, process_group)
         self.bucket_bytes = bucket_bytes
         names = {id(p): n for n, p in module.named_parameters()}
         self.buckets: list[Bucket] = []
@@ -213,9 +209,8 @@ class DDPOverlap(DDPBuckets):
     Li et al. 2020, section 3.2, "overlapping computation with communication" and "gradient accumulation".
     """
 
-    def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, process_group=None,
-                 on_collective: OnCollective | None = None):
-        super().__init__(module, bucket_bytes, process_group, on_collective)
+    def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, process_group=None):
+        super().__init__(module, bucket_bytes, process_group)
         self._where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._sync = True
         self._reset()

@@ -20,21 +20,21 @@
 
 With no GPUs ``nn.DataParallel`` does nothing at all (``device_ids=[]``), so chapter 03 plays these steps
 with ranks, rank 0 as GPU 0, each exchange a collective through :func:`parlab.parallel.comm.communicate`
-(so a :class:`parlab.measure.CommLog` counts every byte) and each computation a span of a
-:class:`parlab.measure.Timeline`. The same tensors move, between the same places; what ranks cannot show
-is the single process, whose Python threads share the GIL. It trains exactly like one process on the
-global batch, which the chapter and ``tests/test_dp.py`` check.
+(so an attached :class:`parlab.measure.CommLog` counts every byte) and each computation a span
+(``parlab.measure.attach.span``) on any attached :class:`parlab.measure.Timeline`. The same tensors move,
+between the same places; what ranks cannot show is the single process, whose Python threads share the
+GIL. It trains exactly like one process on the global batch, which the chapter and ``tests/test_dp.py``
+check.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from parlab.parallel.comm import OnCollective, check_callback, communicate
+from parlab.measure.attach import span
+from parlab.parallel.comm import communicate
 
 COALESCE_BYTES = 10 * 1024 * 1024  # broadcast_coalesced / reduce_add_coalesced's buffer_size (10 MiB)
 
@@ -73,25 +73,21 @@ def _reduce_add_coalesced(grads, comm, rank: int) -> None:
                 g.copy_(part)
 
 
-def dataparallel_step(model, batch: torch.Tensor, optimizer=None, timeline=None,
-                      on_collective: OnCollective | None = None) -> float | None:
+def dataparallel_step(model, batch: torch.Tensor, optimizer=None) -> float | None:
     """One DataParallel step on global ``batch`` (global batch, seq) token ids; returns the loss on rank 0.
 
     Every rank calls it with a batch of the same shape; only rank 0's values are used. ``optimizer`` is
-    used on rank 0 only (DataParallel steps GPU 0's parameters). ``timeline``: a
-    :class:`parlab.measure.Timeline` that gets a span per computation; give ``on_collective`` a
-    :class:`parlab.measure.CommLog` (with the same timeline) to record every exchange too.
+    used on rank 0 only (DataParallel steps GPU 0's parameters). Inside ``with Timeline():`` each
+    computation is a span; inside ``with CommLog(timeline=tl):`` every exchange is recorded (and drawn) too.
     """
-    check_callback(on_collective)
     rank, n = dist.get_rank(), dist.get_world_size()
     if batch.shape[0] % n:
         raise ValueError(f"batch size {batch.shape[0]} does not split over {n} ranks")
-    span = timeline.span if timeline is not None else (lambda name, kind="compute": contextlib.nullcontext())
     dev = next(model.parameters()).device
 
     def comm(op, tensor, label, **kw):
         root = {"src": 0} if op in ("scatter", "broadcast") else {"dst": 0}
-        communicate(op, tensor, on_collective=on_collective, label=label, **root, **kw)
+        communicate(op, tensor, label=label, **root, **kw)
 
     # 1. scatter: rank 0's batch, one slice per rank (token ids; the labels are the same ids)
     batch = batch.to(dev)
@@ -134,10 +130,9 @@ def dataparallel_step(model, batch: torch.Tensor, optimizer=None, timeline=None,
     return result
 
 
-def train_like_dataparallel(model, batches, optimizer=None, timeline=None,
-                            on_collective: OnCollective | None = None) -> list[float | None]:
+def train_like_dataparallel(model, batches, optimizer=None) -> list[float | None]:
     """:func:`dataparallel_step` on each global batch; ``optimizer`` (rank 0 only) defaults to SGD lr=0.05.
     Returns rank 0's losses (``None`` on the other ranks)."""
     if optimizer is None and dist.get_rank() == 0:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    return [dataparallel_step(model, batch, optimizer, timeline, on_collective) for batch in batches]
+    return [dataparallel_step(model, batch, optimizer) for batch in batches]

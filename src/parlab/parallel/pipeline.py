@@ -16,16 +16,16 @@ and this file has a single executor, :class:`Pipeline`, that runs whichever sche
 
 Where it runs: on ``group`` (default: every rank), whose size must be the schedule's number of ranks;
 chapter 07 passes the ``pp`` group of a mesh. Every message goes through
-``parlab.parallel.comm.communicate_batch``, so ``on_collective`` (e.g. a ``parlab.measure.CommLog``) sees
-each activation and gradient that crosses a stage boundary. ``step(..., timeline=, tracker=)`` records
-each operation on a ``parlab.measure.Timeline`` and the activations kept for backward on an
-``ActivationTracker``; :func:`record_stage` does the same for a ``torch.distributed.pipelining`` stage, so
-PyTorch's schedules (zero-bubble, DualPipeV) can be drawn beside ours.
+``parlab.parallel.comm.communicate_batch``, so an attached ``parlab.measure.CommLog`` (``with CommLog() as
+log:``) sees each activation and gradient that crosses a stage boundary. Each operation is a span on any
+attached ``parlab.measure.Timeline``, and ``with ActivationTracker(...):`` around ``step`` counts the
+activations the stages keep for backward (the loss is kept out of the count); :func:`record_stage` does
+the same for a ``torch.distributed.pipelining`` stage, so PyTorch's schedules (zero-bubble, DualPipeV) can
+be drawn beside ours.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from parlab import runtime
-from parlab.parallel.comm import OnCollective, check_callback, communicate_batch
+from parlab.measure.attach import not_activations, span
+from parlab.parallel.comm import communicate_batch
 from parlab.parallel.pipeline_p2p import check_p2p, p2p_plan
 from parlab.parallel.pipeline_schedule import Schedule
 
@@ -50,10 +51,9 @@ class Pipeline:
     """
 
     def __init__(self, stages, schedule: Schedule, *, activation_shape, loss_fn=F.mse_loss,
-                 dtype: torch.dtype = torch.float32, group=None, on_collective: OnCollective | None = None):
+                 dtype: torch.dtype = torch.float32, group=None):
         if not isinstance(schedule, Schedule):
             raise TypeError(f"schedule must be a parlab.parallel.pipeline_schedule.Schedule; got {type(schedule).__name__}")
-        check_callback(on_collective)
         if not dist.is_initialized():
             raise RuntimeError("a pipeline needs an initialised process group: run inside parlab.launch")
         self.group = group if group is not None else dist.group.WORLD
@@ -78,7 +78,6 @@ class Pipeline:
         self.loss_fn = loss_fn
         self.activation_shape = tuple(activation_shape)
         self.dtype = dtype
-        self.on_collective = on_collective
         params = [p for m in self.stages for p in m.parameters()]
         self.device = params[0].device if params else runtime.device()
         # NCCL: a group's first batched send/recv must involve all its ranks, so every rank takes part in a
@@ -90,13 +89,13 @@ class Pipeline:
         for m in self.stages:
             yield from m.parameters()
 
-    def step(self, inputs=None, targets=None, *, timeline=None, tracker=None) -> list[torch.Tensor]:
+    def step(self, inputs=None, targets=None) -> list[torch.Tensor]:
         """One forward and backward of the batch. The first stage's rank passes ``inputs`` and the last
         stage's ``targets`` (whole batches: they are cut into the schedule's micro-batches here); others
         pass nothing. Returns the micro-batches' losses on the last stage's rank, else ``[]``.
 
-        ``timeline``: each operation becomes a span named like ``F3`` (``F3s5`` with several stages per
-        rank). ``tracker``: a ``parlab.measure.ActivationTracker`` active during each stage's forward."""
+        Each operation is a span named like ``F3`` (``F3s5`` with several stages per rank) on any attached
+        timeline; an ``ActivationTracker`` around the step counts the stages' activations, not the loss's."""
         m, last = self.schedule.num_micro_batches, self.schedule.num_stages - 1
         micro_inputs = self._split(inputs, "inputs") if 0 in self.module else None
         micro_targets = self._split(targets, "targets") if last in self.module else None
@@ -108,18 +107,17 @@ class Pipeline:
         for i, op in enumerate(self.schedule.ops[self.rank]):
             sends += self._exchange(self.plan[i])
             s, k = op.stage, op.micro_batch
-            span = timeline.span(op.name(many)) if timeline is not None else contextlib.nullcontext()
-            with span:
+            with span(op.name(many)):
                 if op.kind == "F":
                     x = micro_inputs[k] if s == 0 else self._ready.pop(("act", s, k))
                     if s > 0:  # a leaf of this stage's graph, so that backward leaves its gradient here
                         x = x.detach().requires_grad_()
-                    with tracker if tracker is not None else contextlib.nullcontext():
-                        out = self.module[s](x)  # (*activation_shape), or the model's output on the last stage
+                    out = self.module[s](x)  # (*activation_shape), or the model's output on the last stage
                     if s == last:
-                        loss = self.loss_fn(out, micro_targets[k])
+                        with not_activations():  # what the loss keeps is not a stage's activations
+                            loss = self.loss_fn(out, micro_targets[k])
+                            out = loss / m  # the mean over micro-batches, one backward at a time
                         losses[k] = loss.detach()
-                        out = loss / m  # the mean over micro-batches, one backward at a time
                     else:
                         self._ready["act", s + 1, k] = out.detach()
                     kept[s, k] = (x, out)
@@ -159,7 +157,7 @@ class Pipeline:
             if not msg.send:
                 self._ready[key] = tensor
             messages.append(("send" if msg.send else "recv", tensor, msg.peer, f"{msg.what}{msg.micro_batch}s{msg.stage}"))
-        waits = communicate_batch(messages, self.group, on_collective=self.on_collective)
+        waits = communicate_batch(messages, self.group)
         for w, msg in zip(waits, batch):
             if not msg.send:
                 w.wait()
@@ -229,34 +227,33 @@ def causal_lm_loss(logits, tokens):
 
 # -- recording PyTorch's own pipeline stages ------------------------------------------------------------
 
-def record_stage(stage, timeline, tracker=None, with_stage: bool = False):
-    """Make a ``torch.distributed.pipelining`` stage record each forward (``F3``), backward (``B3``), input
-    gradient (``I3``) and weight gradient (``W3``) on ``timeline``, named as our schedules name them
-    (``F3s5`` with ``with_stage``), and keep ``tracker`` active during its forwards. It wraps the stage
-    object's own methods, so any of PyTorch's schedules can be recorded and drawn beside ours. Called
-    again, it records into the new timeline instead; ``timeline=None`` stops recording."""
+def record_stage(stage, *, with_stage: bool = False):
+    """Make a ``torch.distributed.pipelining`` stage name each forward (``F3``), backward (``B3``), input
+    gradient (``I3``) and weight gradient (``W3``) as spans on whatever ``Timeline`` is attached when it
+    runs (none: it records nothing), named as our schedules name them (``F3s5`` with ``with_stage``). It
+    wraps the stage object's own methods, so any of PyTorch's schedules can be recorded and drawn beside
+    ours; wrapping a stage again wraps its original methods, not the wrappers. An ``ActivationTracker``
+    around the schedule's step counts what the stage keeps; keep the loss out of it with
+    ``parlab.measure.attach.not_activations`` around the schedule's ``loss_fn``."""
     s = stage.stage_index
     suffix = f"s{s}" if with_stage else ""
     if not hasattr(stage, "_unrecorded"):
         stage._unrecorded = (stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk)
     forward, backward, weight = stage._unrecorded
-    if timeline is None:
-        stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk = stage._unrecorded
-        return stage
 
     @functools.wraps(forward)
     def forward_one_chunk(chunk, *args, **kwargs):
-        with timeline.span(f"F{chunk}{suffix}"), tracker if tracker is not None else contextlib.nullcontext():
+        with span(f"F{chunk}{suffix}"):
             return forward(chunk, *args, **kwargs)
 
     @functools.wraps(backward)
     def backward_one_chunk(chunk, *args, full_backward: bool = True, **kwargs):
-        with timeline.span(f"{'B' if full_backward else 'I'}{chunk}{suffix}"):
+        with span(f"{'B' if full_backward else 'I'}{chunk}{suffix}"):
             return backward(chunk, *args, full_backward=full_backward, **kwargs)
 
     @functools.wraps(weight)
     def backward_weight_one_chunk(chunk, *args, **kwargs):
-        with timeline.span(f"W{chunk}{suffix}"):
+        with span(f"W{chunk}{suffix}"):
             return weight(chunk, *args, **kwargs)
 
     stage.forward_one_chunk = forward_one_chunk

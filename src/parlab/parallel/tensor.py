@@ -26,7 +26,8 @@ Each of the ``t`` ranks of a tensor-parallel group holds 1/t of every large weig
 ``parlab.parallel.tensor_plan.parallelize`` puts these layers into an ordinary model by a plan, as DTensor's
 ``parallelize_module`` does; ``parlab.parallel.tensor_models`` holds the plans for GPT-2 and Llama. Each
 piece takes the process group it works on (default: every rank). Every collective goes through
-``parlab.parallel.comm.communicate``, labelled ``"<module name> forward|backward"``.
+``parlab.parallel.comm.communicate``, labelled ``"<module name> forward|backward"``, so any attached
+``parlab.measure.CommLog`` (``with CommLog() as log:``) records it.
 """
 
 from __future__ import annotations
@@ -38,17 +39,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from parlab.parallel.comm import OnCollective, communicate
+from parlab.parallel.comm import communicate
 
 SEQ_DIM = 1  # transformers' activations are (batch, seq, hidden); Megatron's are (seq, batch, hidden)
 
 
 @dataclass(frozen=True)
 class Comm:
-    """Where a tensor-parallel piece talks: its group, who records, and its name (the records' label)."""
+    """Where a tensor-parallel piece talks: its group and its name (the records' label)."""
 
     group: object = None
-    on_collective: OnCollective | None = None
     name: str = ""
 
     @property
@@ -60,8 +60,7 @@ class Comm:
         return dist.get_rank(self.group)
 
     def run(self, op, tensor, direction, **kwargs):
-        return communicate(op, tensor, self.group, on_collective=self.on_collective,
-                           label=f"{self.name} {direction}".strip(), **kwargs)
+        return communicate(op, tensor, self.group, label=f"{self.name} {direction}".strip(), **kwargs)
 
 
 def _divide(what: str, n: int, t: int) -> int:
@@ -174,9 +173,9 @@ class Sharded(nn.Module):
         """The dense tensor (in the dense layer's own layout) from every rank's ``local`` slice of ``name``."""
         if name in self.shards:
             dim, index = self.shards[name]
-            quiet = Comm(self.comm.group)  # unsharding for checks: not part of training, not recorded
-            values = _all_gather(local, dim, quiet, "")
-            where = _all_gather(index.to(local.device), 0, quiet, "")
+            unnamed = Comm(self.comm.group)  # unsharding for checks, not training: do it outside a step's CommLog
+            values = _all_gather(local, dim, unnamed, "")
+            where = _all_gather(index.to(local.device), 0, unnamed, "")
             local = torch.empty_like(values).index_copy_(dim, where, values)
         return local.t() if self.conv1d and name == "weight" else local
 
@@ -202,8 +201,8 @@ class ColumnParallelLinear(Sharded):
     """
 
     def __init__(self, layer, group=None, *, input: str = "copy", parts: int = 1, rows=None,
-                 gather_output: bool = False, on_collective: OnCollective | None = None, name: str = ""):
-        super().__init__(Comm(group, on_collective, name))
+                 gather_output: bool = False, name: str = ""):
+        super().__init__(Comm(group, name))
         if input not in ("copy", "gather", "ready"):
             raise ValueError(f"input={input!r}; choose 'copy' (f), 'gather' (sequence parallel) or 'ready'")
         weight, bias, self.conv1d = _dense(layer)
@@ -244,9 +243,8 @@ class RowParallelLinear(Sharded):
     sum (Shoeybi et al. §3). Its ``forward`` is chapter 05's first exercise.
     """
 
-    def __init__(self, layer, group=None, *, output: str = "reduce", on_collective: OnCollective | None = None,
-                 name: str = ""):
-        super().__init__(Comm(group, on_collective, name))
+    def __init__(self, layer, group=None, *, output: str = "reduce", name: str = ""):
+        super().__init__(Comm(group, name))
         if output not in ("reduce", "reduce_scatter"):
             raise ValueError(f"output={output!r}; choose 'reduce' (g) or 'reduce_scatter' (sequence parallel)")
         weight, bias, self.conv1d = _dense(layer)
@@ -267,9 +265,8 @@ class VocabParallelEmbedding(Sharded):
     """``embedding`` split by vocabulary: rank r holds rows [r·V/t, (r+1)·V/t), looks up the ids it owns,
     writes zeros for the others, and g sums: each row comes from exactly one rank (Shoeybi et al. §3)."""
 
-    def __init__(self, embedding: nn.Embedding, group=None, *, on_collective: OnCollective | None = None,
-                 name: str = ""):
-        super().__init__(Comm(group, on_collective, name))
+    def __init__(self, embedding: nn.Embedding, group=None, *, name: str = ""):
+        super().__init__(Comm(group, name))
         if embedding.padding_idx is not None:
             raise ValueError(f"{name or 'embedding'} has padding_idx={embedding.padding_idx}, which this embedding "
                              f"does not carry over; build the model without one")
@@ -283,8 +280,8 @@ class VocabParallelEmbedding(Sharded):
         return reduce_from_tp(rows.masked_fill(outside.unsqueeze(-1), 0.0), self.comm)
 
 
-def vocab_parallel_cross_entropy(logits, target, group=None, *, on_collective: OnCollective | None = None,
-                                 ignore_index: int = -100, name: str = "cross_entropy"):
+def vocab_parallel_cross_entropy(logits, target, group=None, *, ignore_index: int = -100,
+                                 name: str = "cross_entropy"):
     """Mean cross-entropy over the tokens of ``target`` from this rank's vocabulary slice of the logits.
 
     logits: (..., vocab / t), rank r's slice [r·V/t, (r+1)·V/t); target: (...) ids in the whole vocabulary.
@@ -293,7 +290,7 @@ def vocab_parallel_cross_entropy(logits, target, group=None, *, on_collective: O
     (Shoeybi et al. §3). g's identity backward is right here: every rank computes the same loss from the
     sums, so each rank's share of dL/dz is its own slice of softmax − one-hot.
     """
-    comm = Comm(group, on_collective, name)
+    comm = Comm(group, name)
     z = logits.float().flatten(0, -2)  # (tokens, vocab / t)
     target = target.flatten()
     if target.shape[0] != z.shape[0]:

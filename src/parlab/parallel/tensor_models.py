@@ -191,12 +191,12 @@ def gpt2_for_dtensor(model: nn.Module, tp_size: int) -> None:
         block.mlp.c_proj = _linear(block.mlp.c_proj)
 
 
-def parallelize_lm(model: nn.Module, how: str, mesh=None, *, sequence_parallel: bool = False, on_collective=None,
+def parallelize_lm(model: nn.Module, how: str, mesh=None, *, sequence_parallel: bool = False,
                    part: nn.Module | None = None, whole_logits: bool = False):
     """``model`` split over the 1-D DeviceMesh ``mesh`` (its group for the scratch code), in place.
 
     how: ``"scratch"`` (the course's code) or ``"dtensor"`` (``parallelize_module``); ``"single"`` leaves
-    the model whole. on_collective: the scratch code reports each collective to it. part: split only the
+    the model whole (the scratch code's collectives go to any attached ``CommLog``). part: split only the
     modules of ``model`` that this module holds (a pipeline stage, chapter 07). whole_logits: DTensor
     gathers the logits into plain tensors, for a loss outside ``loss_parallel`` (a pipeline's).
     """
@@ -209,7 +209,7 @@ def parallelize_lm(model: nn.Module, how: str, mesh=None, *, sequence_parallel: 
     if how == "scratch":
         plan = scratch_plan(model, t, sequence_parallel)
         parallelize(target, plan if part is None else plan_for_part(plan, model, part), mesh.get_group(),
-                    sequence_parallel=sequence_parallel, on_collective=on_collective)
+                    sequence_parallel=sequence_parallel)
     else:
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
@@ -226,7 +226,7 @@ def parallelize_lm(model: nn.Module, how: str, mesh=None, *, sequence_parallel: 
     return model
 
 
-def forward_backward(model: nn.Module, ids, how: str = "single", group=None, on_collective=None) -> float:
+def forward_backward(model: nn.Module, ids, how: str = "single", group=None) -> float:
     """Next-token cross-entropy of ``ids`` (batch, seq), mean over tokens, and its backward; the loss."""
     if how not in HOWS:
         raise ValueError(f"how={how!r}; choose one of {', '.join(map(repr, HOWS))}")
@@ -240,7 +240,7 @@ def forward_backward(model: nn.Module, ids, how: str = "single", group=None, on_
             loss.backward()
         loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
     elif how == "scratch":
-        loss = vocab_parallel_cross_entropy(pred, target, group, on_collective=on_collective)
+        loss = vocab_parallel_cross_entropy(pred, target, group)
         loss.backward()
     else:
         loss = F.cross_entropy(pred.flatten(0, 1), target.flatten())
@@ -306,13 +306,13 @@ def recorded_step(model: nn.Module, ids, sequence_parallel: bool = False, plan: 
     from parlab.measure import CommLog
     from parlab.parallel.tensor_plan import dense_state
 
-    log, n = CommLog(), dist.get_world_size()
-    parallelize(model, plan or scratch_plan(model, n, sequence_parallel), sequence_parallel=sequence_parallel,
-                on_collective=log)
+    n = dist.get_world_size()
+    parallelize(model, plan or scratch_plan(model, n, sequence_parallel), sequence_parallel=sequence_parallel)
     localize_heads(model, n)
-    logits = model(input_ids=ids).logits  # (b, s, vocab / t): this rank's slice of the vocabulary
-    loss = vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:], on_collective=log)
-    loss.backward()
+    with CommLog() as log:
+        logits = model(input_ids=ids).logits  # (b, s, vocab / t): this rank's slice of the vocabulary
+        loss = vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:])
+        loss.backward()
     whole = [torch.empty_like(logits) for _ in range(n)]
     dist.all_gather(whole, logits.detach().contiguous())  # for the check only
     return {"loss": loss.item(), "logits": torch.cat(whole, -1), "grads": dense_state(model, grads=True),

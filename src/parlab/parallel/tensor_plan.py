@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parlab.parallel.comm import OnCollective, check_callback
 from parlab.parallel.tensor import (
     ColumnParallelLinear,
     Comm,
@@ -46,8 +45,7 @@ class Colwise:
     def apply(self, module, comm, sp):
         inp = "ready" if self.shared_input else ("gather" if sp and not self.whole_input else "copy")
         return ColumnParallelLinear(module, comm.group, input=inp, parts=self.parts,
-                                    gather_output=self.gather_output, on_collective=comm.on_collective,
-                                    name=comm.name)
+                                    gather_output=self.gather_output, name=comm.name)
 
 
 @dataclass(frozen=True)
@@ -56,9 +54,8 @@ class Rowwise:
 
     def apply(self, module, comm, sp):
         if isinstance(module, nn.Embedding):
-            return VocabParallelEmbedding(module, comm.group, on_collective=comm.on_collective, name=comm.name)
-        return RowParallelLinear(module, comm.group, output="reduce_scatter" if sp else "reduce",
-                                 on_collective=comm.on_collective, name=comm.name)
+            return VocabParallelEmbedding(module, comm.group, name=comm.name)
+        return RowParallelLinear(module, comm.group, output="reduce_scatter" if sp else "reduce", name=comm.name)
 
 
 @dataclass(frozen=True)
@@ -75,8 +72,7 @@ class ReplicatedHeads:
         per_rank, group = self.num_heads // comm.size, self.num_heads // self.num_kv_heads
         heads = torch.arange(comm.rank * per_rank, (comm.rank + 1) * per_rank).div(group, rounding_mode="floor")
         rows = torch.cat([torch.arange(h * self.head_dim, (h + 1) * self.head_dim) for h in heads.unique()])
-        return ColumnParallelLinear(module, comm.group, input="ready", rows=rows,
-                                    on_collective=comm.on_collective, name=comm.name)
+        return ColumnParallelLinear(module, comm.group, input="ready", rows=rows, name=comm.name)
 
 
 def _hidden_states(args, kwargs, fn):
@@ -133,14 +129,13 @@ def _matches(pattern: str, name: str) -> bool:
     return len(atoms) == len(parts) and all(fnmatch.fnmatchcase(p, a) for a, p in zip(atoms, parts))
 
 
-def parallelize(model: nn.Module, plan: dict, group=None, *, sequence_parallel: bool = False,
-                on_collective: OnCollective | None = None) -> nn.Module:
+def parallelize(model: nn.Module, plan: dict, group=None, *, sequence_parallel: bool = False) -> nn.Module:
     """Apply ``plan`` ``{module name pattern: style}`` to ``model`` in place, on every rank of ``group``.
 
     A style is a string (``"colwise"``, ``"rowwise"``, ``"sequence_parallel"``: transformers' plan names)
     or one of the style classes above. Weights tied before (GPT-2's embedding and output layer) stay tied.
+    The layers' collectives are labelled with their module names, for any attached ``CommLog``.
     """
-    check_callback(on_collective)
     if not dist.is_initialized():
         raise RuntimeError("tensor parallelism needs an initialised process group: run inside parlab.launch")
     modules = dict(model.named_modules())
@@ -159,7 +154,7 @@ def parallelize(model: nn.Module, plan: dict, group=None, *, sequence_parallel: 
             raise ValueError(f"plan entry {pattern!r} matches no module of {type(model).__name__}")
         for name in names:
             old = modules[name]
-            new = style.apply(old, Comm(group, on_collective, name), sequence_parallel)
+            new = style.apply(old, Comm(group, name), sequence_parallel)
             if new is None:
                 continue
             key = id(old.weight)

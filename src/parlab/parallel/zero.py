@@ -37,8 +37,9 @@ The three share one usage (inside a rank, with the process group initialised)::
     zero.zero_grad()
 
 Every collective goes through ``parlab.parallel.comm.communicate`` on ``process_group`` (default: all
-ranks; chapter 07 passes ``Topology.group("dp")``): ``on_collective=`` (a ``parlab.measure.CommLog``)
-counts them, labelled with the group's name. :meth:`_Zero.full_state_dict` gathers the master weights
+ranks; chapter 07 passes ``Topology.group("dp")``), so any attached ``parlab.measure.CommLog`` (``with
+CommLog() as log:``) records them, labelled with the group's name; stage 3 names each block's forward and
+backward as spans on any attached ``parlab.measure.Timeline``. :meth:`_Zero.full_state_dict` gathers the master weights
 into whole tensors named like the model's parameters.
 """
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from parlab.parallel.comm import OnCollective, check_callback, communicate
+from parlab.parallel.comm import communicate
 
 
 class FlatParams:
@@ -61,8 +61,8 @@ class _Zero(nn.Module):
     """What the stages share: checks, one starting point on every rank, the flat layout, the master shards
     (registered as this module's ``shards``) and the optimizer that updates only them."""
 
-    def __init__(self, module: nn.Module, optimizer_class, process_group, on_collective: OnCollective | None,
-                 param_dtype, reduce_dtype, optimizer_kwargs: dict):
+    def __init__(self, module: nn.Module, optimizer_class, process_group, param_dtype, reduce_dtype,
+                 optimizer_kwargs: dict):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module; got {type(module).__name__}")
@@ -72,7 +72,6 @@ class _Zero(nn.Module):
         for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
             if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
                 raise ValueError(f"{name} must be a floating torch.dtype (e.g. torch.bfloat16) or None; got {dtype!r}")
-        check_callback(on_collective)
         if not dist.is_initialized():
             raise RuntimeError("ZeRO needs an initialised process group: run inside parlab.launch (or torchrun "
                                "after dist.init_process_group)")
@@ -86,7 +85,6 @@ class _Zero(nn.Module):
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.process_group)
         self.world_size = dist.get_world_size(self.process_group)
-        self.on_collective = on_collective
         self.master_dtype, self.device = params[0].dtype, params[0].device
         self.param_dtype = param_dtype or self.master_dtype
         self.reduce_dtype = reduce_dtype or self.param_dtype
@@ -110,7 +108,7 @@ class _Zero(nn.Module):
         raise NotImplementedError
 
     def _communicate(self, op: str, tensor: torch.Tensor, label, **kwargs):
-        return communicate(op, tensor, self.process_group, on_collective=self.on_collective, label=label, **kwargs)
+        return communicate(op, tensor, self.process_group, label=label, **kwargs)
 
     def _master_flat(self, g: FlatParams) -> torch.Tensor:
         """The group's current weights, flattened in the master dtype: (N·S,)."""
@@ -143,7 +141,8 @@ class _Zero(nn.Module):
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every trained parameter, whole, in the master dtype, on every rank (not recorded: not training)."""
+        """Every trained parameter, whole, in the master dtype, on every rank (not training: call it outside the
+        ``CommLog`` that counts a step)."""
         out = {}
         for g in self.groups:
             flat = torch.empty(g.padded_numel, dtype=self.master_dtype, device=self.device)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from parlab.parallel.comm import OnCollective
 from parlab.parallel.zero_flat import FlatParams, _Zero
 
 REDUCE = ("reduce_scatter", "all_reduce")
@@ -25,13 +24,11 @@ class ZeroStage1(_Zero):
     """
 
     def __init__(self, module: nn.Module, optimizer_class=torch.optim.Adam, *, reduce: str = "reduce_scatter",
-                 process_group=None, param_dtype=None, reduce_dtype=None, on_collective: OnCollective | None = None,
-                 **optimizer_kwargs):
+                 process_group=None, param_dtype=None, reduce_dtype=None, **optimizer_kwargs):
         if reduce not in REDUCE:
             raise ValueError(f"reduce={reduce!r}; choose one of {', '.join(map(repr, REDUCE))}")
         self.reduce = reduce
-        super().__init__(module, optimizer_class, process_group, on_collective, param_dtype, reduce_dtype,
-                         optimizer_kwargs)
+        super().__init__(module, optimizer_class, process_group, param_dtype, reduce_dtype, optimizer_kwargs)
 
     def _layout(self, params):
         return [("model", params)]

@@ -9,7 +9,6 @@ import torch.distributed as dist
 from torch import nn
 
 from parlab.checks import positive_int
-from parlab.parallel.comm import OnCollective
 from parlab.parallel.ddp import DEFAULT_BUCKET_BYTES
 from parlab.parallel.zero_flat import FlatParams, _Zero
 from parlab.parallel.zero_stage1 import ZeroStage1
@@ -28,10 +27,10 @@ class ZeroStage2(ZeroStage1):
 
     def __init__(self, module: nn.Module, optimizer_class=torch.optim.Adam, *,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, process_group=None, param_dtype=None, reduce_dtype=None,
-                 on_collective: OnCollective | None = None, **optimizer_kwargs):
+                 **optimizer_kwargs):
         self.bucket_bytes = positive_int("bucket_bytes", bucket_bytes, "bytes of gradient per bucket")
         super().__init__(module, optimizer_class, process_group=process_group, param_dtype=param_dtype,
-                         reduce_dtype=reduce_dtype, on_collective=on_collective, **optimizer_kwargs)
+                         reduce_dtype=reduce_dtype, **optimizer_kwargs)
         self._where = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
         self._reduce_order = list(self.groups)  # stage 3 reorders: the order backward finishes its blocks
         self._reset()

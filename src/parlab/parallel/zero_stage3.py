@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from parlab.parallel.comm import OnCollective
+from parlab.measure.attach import attached
 from parlab.parallel.zero_flat import FlatParams, _Zero
 from parlab.parallel.zero_stage2 import ZeroStage2
 
@@ -26,23 +26,22 @@ class ZeroStage3(ZeroStage2):
     ``reshard_after_forward=False``: kept until backward, 2Ψ per step instead of 3Ψ), all-gathered again
     before its backward (a hook on its outputs' gradients), and freed when all its gradients are in and
     reduce-scattered. ``prefetch=True``: on entering a block, the next block's all-gather (in forward, then
-    in backward order) is issued asynchronously. ``timeline`` (a ``parlab.measure.Timeline``) receives
-    each block's forward and backward (compute) and each wait for a gather (idle); ``memory_trace`` lists,
+    in backward order) is issued asynchronously. Any attached ``parlab.measure.Timeline`` receives each
+    block's forward and backward (compute) and each wait for a gather (idle); ``memory_trace`` lists,
     for the last step, (time, "gather" | "free", group, bytes of gathered weights held).
     Rajbhandari et al. 2020, §5.3 and §7.2.2.
     """
 
     def __init__(self, module: nn.Module, optimizer_class=torch.optim.Adam, *, blocks=None, prefetch: bool = False,
                  reshard_after_forward: bool = True, process_group=None, param_dtype=None, reduce_dtype=None,
-                 on_collective: OnCollective | None = None, timeline=None, **optimizer_kwargs):
+                 **optimizer_kwargs):
         blocks = [m for m in module.children() if any(True for _ in m.parameters())] if blocks is None else list(blocks)
         if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
             raise ValueError(f"blocks must be submodules of module (e.g. model.transformer.h); got {blocks!r}")
         self._blocks, self.prefetch, self.reshard_after_forward = blocks, prefetch, reshard_after_forward
-        self.timeline, self.memory_trace = timeline, []
+        self.memory_trace = []
         super().__init__(module, optimizer_class, bucket_bytes=1, process_group=process_group,
-                         param_dtype=param_dtype, reduce_dtype=reduce_dtype, on_collective=on_collective,
-                         **optimizer_kwargs)
+                         param_dtype=param_dtype, reduce_dtype=reduce_dtype, **optimizer_kwargs)
         self._root = self.groups[0] if self._has_root else None
         self._units = self.groups[1:] if self._has_root else list(self.groups)  # the blocks', in block order
         root = [self._root] if self._has_root else []
@@ -155,10 +154,15 @@ class ZeroStage3(ZeroStage2):
     # -- records --------------------------------------------------------------------------------------------
 
     def _span(self, name: str, kind: str, start: float) -> None:
-        if self.timeline is not None:
+        """A span begun in one hook and ended in another (so not a ``with span(...)``), on every attached
+        timeline."""
+        timelines = attached("timeline")
+        if timelines:
             if self.device.type == "cuda":  # queued GPU work (and NCCL, whose wait() only orders streams) ends here
                 torch.cuda.synchronize(self.device)
-            self.timeline.add(name, kind, start, time.perf_counter())
+            end = time.perf_counter()
+            for timeline in timelines:
+                timeline.add(name, kind, start, end)
 
     def _trace(self, what: str, g: FlatParams) -> None:
         held = sum(u.full.numel() * u.full.element_size() for u in self.groups if u.full is not None)

@@ -53,3 +53,63 @@ def test_not_activations_hides_a_block_from_a_tracker_outside():
         with not_activations():
             (x @ w).tanh().sum()
     assert counted.peak > 0 and hidden.peak == 0
+
+
+INSTRUMENTS = {"on_collective", "timeline", "tracker"}
+
+
+def instrument_parameters(modules) -> dict[str, list[str]]:
+    """{qualified name: instrument parameters} of every function, class and method defined in ``modules``."""
+    import inspect
+
+    found = {}
+    for module in modules:
+        for name, obj in vars(module).items():
+            if getattr(obj, "__module__", None) != module.__name__:
+                continue
+            members = [obj] + ([m for m in vars(obj).values() if inspect.isfunction(m)] if inspect.isclass(obj) else [])
+            for f in members:
+                try:
+                    params = set(inspect.signature(f).parameters)
+                except (TypeError, ValueError):
+                    continue
+                if params & INSTRUMENTS:
+                    found[f"{module.__name__}.{getattr(f, '__qualname__', name)}"] = sorted(params & INSTRUMENTS)
+    return found
+
+
+def strategy_modules():
+    import importlib
+    import pkgutil
+
+    import parlab.parallel
+
+    names = [f"parlab.parallel.{m.name}" for m in pkgutil.iter_modules(parlab.parallel.__path__)]
+    names += ["parlab.compose", "parlab.compose_models", "parlab.builtin", "parlab.training"]
+    return [importlib.import_module(n) for n in names]
+
+
+def test_no_strategy_takes_an_instrument():
+    modules = strategy_modules()
+    assert len(modules) > 20  # every strategy module of the lab, not a few
+    assert instrument_parameters(modules) == {}
+
+
+def test_a_strategy_that_takes_an_instrument_is_found():
+    import types
+
+    planted = types.ModuleType("planted")
+
+    class Strategy:
+        def __init__(self, model, on_collective=None):
+            pass
+
+    def step(model, *, timeline=None):
+        pass
+
+    Strategy.__module__ = step.__module__ = "planted"
+    planted.Strategy, planted.step = Strategy, step
+    found = {name.replace("test_a_strategy_that_takes_an_instrument_is_found.<locals>.", ""): params
+             for name, params in instrument_parameters([planted]).items()}
+    assert found == {"planted.Strategy": ["on_collective"], "planted.Strategy.__init__": ["on_collective"],
+                     "planted.step": ["timeline"]}

@@ -303,20 +303,3 @@ def test_bytes_sent_is_the_rings_share_of_the_buffer():
     assert mixes.bytes_sent("send", 64, 2) == 64 and mixes.bytes_sent("recv", 64, 2) == 0
     with pytest.raises(ValueError, match="op='gossip'"):
         mixes.bytes_sent("gossip", 64, 2)
-
-
-def test_no_strategy_here_takes_an_instrument():
-    """Instruments attach from outside (``with CommLog() as log:``): composing, ring attention and the
-    expert-parallel layers take no ``on_collective``, ``timeline`` or ``tracker`` parameter."""
-    import inspect
-
-    from parlab.compose import Parallelized
-    from parlab.compose_models import Decoder, Stack
-    from parlab.parallel import context, expert, expert_practice
-
-    takes = [parallelize, Parallelized.forward_backward, Stack.tensor_parallel, Stack.loss_fn,
-             Decoder.tensor_parallel, Decoder.loss_fn, context.ring_attention, expert.ExpertParallelMoE,
-             expert.sync_gradients, expert_practice.DroplessExpertParallelMoE]
-    instruments = {"on_collective", "timeline", "tracker"}
-    assert {f.__qualname__: sorted(instruments & set(inspect.signature(f).parameters)) for f in takes} == \
-        {f.__qualname__: [] for f in takes}

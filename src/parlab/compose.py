@@ -37,6 +37,7 @@ from torch import nn
 from parlab import runtime
 from parlab.checks import positive_int
 from parlab.compose_models import TENSOR_PARALLEL, Checkpointed, blocks_tp_plan, model_kind  # noqa: F401
+from parlab.parallel.pipeline import record_stage
 from parlab.parallel.topology import AXES, Topology
 
 DATA_PARALLEL = ("fsdp", "ddp", "course-ddp", "course-zero1", "none")
@@ -168,7 +169,8 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
         # The schedule divides the gradients of the module it is given by the number of micro-batches;
         # ZeRO-1's master shards alias its module's gradients, so it gets the module (same forward).
         module = part.module if data_parallel == "course-zero1" and topology.dp > 1 else part
-        stage = PipelineStage(module, topology.pp_stage, topology.pp, device, group=topology.group("pp"))
+        # its operations become spans on an attached Timeline, as the course's executor's do
+        stage = record_stage(PipelineStage(module, topology.pp_stage, topology.pp, device, group=topology.group("pp")))
         runner = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule](stage, num_micro_batches, loss_fn=loss_fn)
     return Parallelized(topology, part, loss_fn, opt, runner, stage, after_backward)
 

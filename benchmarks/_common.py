@@ -10,7 +10,7 @@ import platform
 
 import torch
 
-from parlab.launch.plan import cpu_count
+from parlab.lab.launch.plan import cpu_count
 
 
 def machine(backend: str) -> dict:

@@ -1,9 +1,9 @@
-"""Step time of the from-scratch DDP (v1, v2, v3 in ``parlab.parallel.ddp``) against PyTorch's
+"""Step time of the from-scratch DDP (v1, v2, v3 in ``parlab.lab.parallel.ddp``) against PyTorch's
 ``DistributedDataParallel``, on the same model and world size, in one run (chapter 03).
 
 All four wrappers live in the same ranks, train the same tiny GPT-2 on the same shards, and are timed in
 alternating rounds, so that whatever else the machine is doing falls on all of them alike
-(``parlab.bench.ddp``, which chapter 03 runs too). Each timed block is bracketed by barriers and its
+(``parlab.course.bench.ddp``, which chapter 03 runs too). Each timed block is bracketed by barriers and its
 time is the slowest rank's. The target set in issue 4: v3 reaches
 at least 0.8x DDP's throughput (ratio = DDP step time / v3 step time).
 
@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe, machine, results_dir, timing_parser, timing_setup, write  # noqa: E402
 
 import parlab  # noqa: E402
-from parlab.bench.ddp import KINDS, LABELS, PRESETS, measure, plot  # noqa: E402
-from parlab.measure import summarize  # noqa: E402
+from parlab.course.bench.ddp import KINDS, LABELS, PRESETS, measure, plot  # noqa: E402
+from parlab.lab.measure import summarize  # noqa: E402
 
 def main(argv=None) -> int:
     ap = timing_parser(__doc__.split("\n\n")[0], PRESETS, steps=5)

@@ -5,7 +5,7 @@ wikitext-2 for 200 steps at batch size 4 per GPU on 2x TITAN RTX 24 GB joined by
 reported the training time of three set-ups: nn.DataParallel 110.59 s, DistributedDataParallel 101.90 s,
 and DDP with NVLink turned off (``NCCL_P2P_DISABLE=1``) 131.44 s.
 
-This script (over ``parlab.bench.dp_vs_ddp``, which chapter 03 runs too) keeps the protocol and drops the downloads: a GPT-2 built from a transformers config (GPT-2
+This script (over ``parlab.course.bench.dp_vs_ddp``, which chapter 03 runs too) keeps the protocol and drops the downloads: a GPT-2 built from a transformers config (GPT-2
 small's sizes), generated token ids instead of wikitext, fixed batch size per GPU and number of steps,
 AdamW as the Trainer uses. It runs the three set-ups one after another and prints its table beside the
 published one.
@@ -14,7 +14,7 @@ published one.
     python benchmarks/dp_vs_ddp.py --cpu-analogue   # tiny GPT-2, 2 gloo ranks on CPU, about a minute
 
 On CPU there are no GPUs for nn.DataParallel to scatter to (it then runs the module unchanged), so the
-analogue plays DP's data flow with ranks (``parlab.parallel.dp``, rank 0 as GPU 0) on the same cores as
+analogue plays DP's data flow with ranks (``parlab.lab.parallel.dp``, rank 0 as GPU 0) on the same cores as
 DDP, and there is no NVLink to turn off: it shows the shape of the experiment, not its numbers. Writes ``benchmarks/results/dp_vs_ddp[_cpu].json`` and ``.png``.
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from _common import describe, machine, results_dir, write  # noqa: E402
 
-from parlab.bench.dp_vs_ddp import (  # noqa: E402
+from parlab.course.bench.dp_vs_ddp import (  # noqa: E402
     CPU_TINY,
     GPT2_SMALL,
     PUBLISHED,

@@ -9,10 +9,10 @@ docs/ci.md lists under "What only a GPU run can settle". In order:
 1. ``zygote``: the rank server stays CUDA-free with the kernel's heavy modules preloaded (a rank forked
    from a zygote with a CUDA context could not use CUDA at all);
 2. ``nccl``: one rank in GPU mode: the ``cpu:gloo,cuda:nccl`` group, ``parlab.device()`` = ``cuda:0``, an
-   all-reduce of a CUDA tensor, a ``DeviceMesh`` of type ``cuda`` from ``parlab.runtime.mesh``;
+   all-reduce of a CUDA tensor, a ``DeviceMesh`` of type ``cuda`` from ``parlab.lab.runtime.mesh``;
 3. ``memory``: ``measure_memory``'s CUDA peak starts afresh at each measurement; ``peak_memory`` on CUDA;
 4. ``cpu_mode``: a launch with more ranks than GPUs runs on CPU, and its ranks see no GPU at all;
-5. ``job``: chapter 08's FSDP2 job (``parlab.job.train_fsdp.train``) on the GPUs that fit, equal to one process;
+5. ``job``: chapter 08's FSDP2 job (``parlab.lab.job.train_fsdp.train``) on the GPUs that fit, equal to one process;
 6. ``require_gpu``: ``parlab run --ci --require-gpu --chapters 00`` (on CPU: refused, as it must be).
 
 Writes ``smoke.json`` (each check: ok, seconds, what it saw) to ``--out``.
@@ -30,9 +30,7 @@ import time
 import torch
 
 import parlab
-from parlab import runtime
-
-
+from parlab.lab import runtime
 def _report_cuda_state():
     return torch.cuda.is_initialized()  # before this rank touched CUDA: what it inherited from the zygote
 
@@ -65,7 +63,7 @@ def check_nccl(gpu: bool) -> str:
 
 
 def _peaks():
-    from parlab.measure import measure_memory, peak_memory
+    from parlab.lab.measure import measure_memory, peak_memory
 
     device = parlab.device()
     out = []
@@ -91,15 +89,15 @@ def check_memory(gpu: bool) -> str:
 
 
 def _what_a_cpu_rank_sees():
-    from parlab.job import hf
-    from parlab.measure import Timeline
+    from parlab.lab.job import hf
+    from parlab.lab.measure import Timeline
 
     return (os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), str(parlab.device()),
             Timeline(sync=True).sync, hf._on_gpu())
 
 
 def check_cpu_mode(gpu: bool) -> str:
-    from parlab.launch import make_plan
+    from parlab.lab.launch import make_plan
 
     ranks = torch.cuda.device_count() + 1 if gpu else 2
     plan = make_plan(ranks)
@@ -111,7 +109,7 @@ def check_cpu_mode(gpu: bool) -> str:
 
 
 def check_job(gpu: bool) -> str:
-    from parlab.job import reference, train_fsdp
+    from parlab.lab.job import reference, train_fsdp
 
     cfg = dict(train_fsdp.CONFIG, steps=2, global_batch=8, accumulation=1)
     ranks = 2 if not gpu or torch.cuda.device_count() >= 2 else 1

@@ -1,10 +1,10 @@
-"""Step time of the course's pipeline executor (``parlab.parallel.pipeline``) against
+"""Step time of the course's pipeline executor (``parlab.lab.parallel.pipeline``) against
 ``torch.distributed.pipelining`` for GPipe, 1F1B and interleaved 1F1B, same model and ranks, in one run
 (chapter 06).
 
 Both implementations of each schedule live in the same ranks and train the same residual MLP, cut into
 the same stages, and are timed in alternating rounds, so that whatever else the machine does falls on
-all of them alike (``parlab.bench.pipeline.measure``). Each timed block lasts until the slowest rank is
+all of them alike (``parlab.course.bench.pipeline.measure``). Each timed block lasts until the slowest rank is
 done. The target: the course's executor reaches at least 0.8× PyTorch's throughput for each schedule.
 
     python benchmarks/pipeline_schedules.py                  # CPU: 2 gloo ranks
@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe, machine, results_dir, timing_parser, timing_setup, write  # noqa: E402
 
 import parlab  # noqa: E402
-from parlab.bench.pipeline import PRESETS, TORCH_SCHEDULES, measure, plot, summary  # noqa: E402
-from parlab.launch import preload  # noqa: E402
+from parlab.course.bench.pipeline import PRESETS, TORCH_SCHEDULES, measure, plot, summary  # noqa: E402
+from parlab.lab.launch import preload  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
-"""Step time and bytes per step of the course's tensor parallelism (``parlab.parallel.tensor``) against
+"""Step time and bytes per step of the course's tensor parallelism (``parlab.lab.parallel.tensor``) against
 DTensor's ``parallelize_module``, on the same model and tp size, in one run (chapter 05).
 
-Both implementations split the same models the same way (``parlab.bench.tensor_parallel``, which chapter
+Both implementations split the same models the same way (``parlab.course.bench.tensor_parallel``, which chapter
 05 runs too): a stack of residual MLP blocks and the decoder blocks of a Llama. They live in the same
 ranks and are timed in alternating rounds; each timed block is bracketed by barriers and its time is the
 slowest rank's. The targets set in issue 11: the course's step is at least 0.8x DTensor's throughput
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe, machine, results_dir, timing_parser, timing_setup, write  # noqa: E402
 
 import parlab  # noqa: E402
-from parlab.bench.tensor_parallel import KINDS, LABELS, PRESETS, plot, summary  # noqa: E402
+from parlab.course.bench.tensor_parallel import KINDS, LABELS, PRESETS, plot, summary  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
         ap.error("--world-size must be at least 2: tensor parallelism splits layers over several ranks")
     cfg = dict(PRESETS[preset], steps=args.steps, rounds=args.rounds, warmup=args.warmup)
 
-    from parlab.bench.tensor_parallel import measure
+    from parlab.course.bench.tensor_parallel import measure
 
     raw = parlab.launch(measure, world_size=args.world_size, args=(cfg,), backend=backend, timeout=600)[0]
     result = {"benchmark": "tensor_parallel", "machine": machine(backend), "world_size": args.world_size,

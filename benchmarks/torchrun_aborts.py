@@ -3,12 +3,12 @@
 The jobs, exactly as the chapters run them:
 - ``ch03``: chapter 03's plain DDP script (read from the notebook's ``%%writefile`` cell), 4 ranks;
 - ``ch08``: chapter 08's ``train_fsdp.py`` (FSDP2), 2 steps then a DCP checkpoint, 2 ranks;
-- ``trainer``: chapter 08's Trainer job, ``python -m parlab.job.hf``, 2 ranks.
+- ``trainer``: chapter 08's Trainer job, ``python -m parlab.lab.job.hf``, 2 ranks.
 Modes: ``shell`` starts ``torchrun`` as a shell does, from a process that has launched nothing; ``kernel``
 starts it with the chapters' helper from a fresh Jupyter kernel that first ran ``parlab.launch`` (as a
 chapter's kernel has). ``--unfixed`` removes the scripts' last line (``os._exit(0)`` after
 ``destroy_process_group``) to show what they did before: an abort at interpreter exit now and then
-("terminate called without an active exception"; why: ``parlab.launch.cluster.exit_without_teardown``).
+("terminate called without an active exception"; why: ``parlab.lab.launch.cluster.exit_without_teardown``).
 Writes ``results/torchrun_aborts.json`` (``..._unfixed.json``). Not part of the tests: 100 runs of each job
 take about an hour on 2 cores.
 Usage: python benchmarks/torchrun_aborts.py [--runs 100] [--jobs ch03 ch08 trainer] [--modes shell kernel] [--unfixed]
@@ -39,7 +39,7 @@ def _scripts(work: str, unfixed: bool) -> dict[str, tuple[int, list[str]]]:
     """Each job: its rank count and its torchrun arguments (target first), with files under ``work``."""
     import nbformat
 
-    from parlab.job import train_fsdp
+    from parlab.lab.job import train_fsdp
 
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "03_dp_vs_ddp.ipynb"), as_version=4)
     ddp = next(c.source for c in nb.cells if c.source.startswith("%%writefile") and "ddp_train.py" in c.source)
@@ -61,7 +61,7 @@ def _scripts(work: str, unfixed: bool) -> dict[str, tuple[int, list[str]]]:
                      "--out", os.path.join(work, "out.json"), "--config", json.dumps({"steps": 4})]),
     }
     if not unfixed:  # the Trainer job leaves through parlab's exit_without_teardown: no unfixed copy
-        jobs["trainer"] = (2, ["-m", "parlab.job.hf", "--config", '{"steps": 2}', "--out",
+        jobs["trainer"] = (2, ["-m", "parlab.lab.job.hf", "--config", '{"steps": 2}', "--out",
                                os.path.join(work, "r.pt")])
     return jobs
 
@@ -81,7 +81,7 @@ def _shell(nproc: int, argv: list[str], runs: int) -> list[tuple[float, str | No
 KERNEL_SETUP = """
 import json, time, torch
 import parlab
-from parlab.job.torchrun import torchrun
+from parlab.lab.job.torchrun import torchrun
 parlab.launch(lambda: float(torch.ones(1).sum()), {nproc}, announce=False)  # what a chapter's kernel has done
 """
 

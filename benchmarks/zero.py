@@ -1,10 +1,10 @@
-"""Step time and memory per rank of the from-scratch ZeRO-3 (``parlab.parallel.zero.ZeroStage3``, with and
+"""Step time and memory per rank of the from-scratch ZeRO-3 (``parlab.lab.parallel.zero.ZeroStage3``, with and
 without prefetch) against PyTorch's FSDP2 (``fully_shard``), on the same model and world size, in one run
 (chapter 04).
 
 Both live in the same ranks, train the same tiny GPT-2 on the same shards, with every transformer block
 sharded on its own, and are timed in alternating rounds, so that whatever else the machine does falls on
-both alike (``parlab.bench.zero``, which chapter 04 runs too). Each timed block is bracketed by barriers
+both alike (``parlab.course.bench.zero``, which chapter 04 runs too). Each timed block is bracketed by barriers
 and its time is the slowest rank's. Memory per rank: what rank 0 holds after a step (weights, gradients,
 optimizer state) and the most it held during one. The target set in issue 10: ZeRO-3 with prefetch reaches
 at least 0.7x FSDP2's throughput (ratio = FSDP2 step time / ZeRO-3 step time, paired by round).
@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe, machine, results_dir, timing_parser, timing_setup, write  # noqa: E402
 
 import parlab  # noqa: E402
-from parlab.bench.zero import LABELS, PRESETS, measure, plot  # noqa: E402
-from parlab.measure import summarize  # noqa: E402
+from parlab.course.bench.zero import LABELS, PRESETS, measure, plot  # noqa: E402
+from parlab.lab.measure import summarize  # noqa: E402
 
 KINDS = ("zero3_prefetch", "zero3", "fsdp2")
 TARGET = 0.7

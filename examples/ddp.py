@@ -1,4 +1,4 @@
-"""Data-parallel training with DistributedDataParallel, with `parlab.builtin.train_ddp` (chapter 03).
+"""Data-parallel training with DistributedDataParallel, with `parlab.lab.builtin.train_ddp` (chapter 03).
 
 Started with plain Python, it launches the ranks itself; started by torchrun or SLURM, each process is
 one rank of that job and runs the same function.
@@ -11,8 +11,8 @@ one rank of that job and runs the same function.
 
 """
 
-from parlab.builtin import train_ddp
-from parlab.training import script_main
+from parlab.lab.builtin import train_ddp
+from parlab.lab.training import script_main
 
 if __name__ == "__main__":
     script_main(train_ddp)

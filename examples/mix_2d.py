@@ -1,4 +1,4 @@
-"""2-D parallel training: FSDP2 across nodes (dp axis), tensor parallelism within (tp axis), with `parlab.builtin.train_2d` (chapter 07).
+"""2-D parallel training: FSDP2 across nodes (dp axis), tensor parallelism within (tp axis), with `parlab.lab.builtin.train_2d` (chapter 07).
 
 Started with plain Python, it launches the ranks itself; started by torchrun or SLURM, each process is
 one rank of that job and runs the same function.
@@ -12,8 +12,8 @@ one rank of that job and runs the same function.
 With 2 processes per node and --nnodes 2 the mesh is dp=2 × tp=2: TP pairs stay inside a node.
 """
 
-from parlab.builtin import train_2d
-from parlab.training import script_main
+from parlab.lab.builtin import train_2d
+from parlab.lab.training import script_main
 
 if __name__ == "__main__":
     script_main(train_2d)

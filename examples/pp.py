@@ -1,4 +1,4 @@
-"""Pipeline-parallel training (GPipe schedule, 4 micro-batches), with `parlab.builtin.train_pp` (chapter 06).
+"""Pipeline-parallel training (GPipe schedule, 4 micro-batches), with `parlab.lab.builtin.train_pp` (chapter 06).
 
 Started with plain Python, it launches the ranks itself; started by torchrun or SLURM, each process is
 one rank of that job and runs the same function.
@@ -12,8 +12,8 @@ one rank of that job and runs the same function.
 The world size must divide the model's 4 blocks: 1, 2 or 4 ranks.
 """
 
-from parlab.builtin import train_pp
-from parlab.training import script_main
+from parlab.lab.builtin import train_pp
+from parlab.lab.training import script_main
 
 if __name__ == "__main__":
     script_main(train_pp)

@@ -1,4 +1,4 @@
-"""Tensor-parallel training: every layer split across the ranks, with `parlab.builtin.train_tp` (chapter 05).
+"""Tensor-parallel training: every layer split across the ranks, with `parlab.lab.builtin.train_tp` (chapter 05).
 
 Started with plain Python, it launches the ranks itself; started by torchrun or SLURM, each process is
 one rank of that job and runs the same function.
@@ -13,8 +13,8 @@ Keep tensor parallelism inside a node (--nproc-per-node), where the links are fa
 every layer, forward and backward.
 """
 
-from parlab.builtin import train_tp
-from parlab.training import script_main
+from parlab.lab.builtin import train_tp
+from parlab.lab.training import script_main
 
 if __name__ == "__main__":
     script_main(train_tp)

@@ -1,4 +1,4 @@
-"""ZeRO-3 (fully sharded data parallel, FSDP2) training, with `parlab.builtin.train_zero` (chapter 04).
+"""ZeRO-3 (fully sharded data parallel, FSDP2) training, with `parlab.lab.builtin.train_zero` (chapter 04).
 
 Started with plain Python, it launches the ranks itself; started by torchrun or SLURM, each process is
 one rank of that job and runs the same function.
@@ -11,8 +11,8 @@ one rank of that job and runs the same function.
 
 """
 
-from parlab.builtin import train_zero
-from parlab.training import script_main
+from parlab.lab.builtin import train_zero
+from parlab.lab.training import script_main
 
 if __name__ == "__main__":
     script_main(train_zero)

@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
 
 def zygote_children() -> list[int]:
     """PIDs of rank processes that the launcher's zygote still has."""
-    from parlab.launch import _zygote
+    from parlab.lab.launch import _zygote
 
     z = _zygote._the_zygote
     if z is None or not z.alive():
@@ -58,7 +58,7 @@ def no_leftover_ranks():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from parlab.launch import shutdown
+    from parlab.lab.launch import shutdown
 
     shutdown()
     os.environ.pop("PARLAB_TEST", None)

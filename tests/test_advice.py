@@ -1,8 +1,8 @@
-"""The guide's decision rules, applied by parlab.advice.recommend (chapter 01)."""
+"""The guide's decision rules, applied by parlab.decide.advice.recommend (chapter 01)."""
 
 import pytest
 
-from parlab.advice import preset, recommend
+from parlab.decide.advice import preset, recommend
 
 
 def strategies(advice):

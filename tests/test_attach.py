@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import parlab
-from parlab.measure import ActivationTracker, CommLog, Timeline
-from parlab.measure.attach import attach, attached, detach, not_activations, span
-from parlab.parallel.comm import communicate
+from parlab.lab.measure import ActivationTracker, CommLog, Timeline
+from parlab.lab.measure.attach import attach, attached, detach, not_activations, span
+from parlab.lab.parallel.comm import communicate
 
 
 def _nested_logs():
@@ -82,10 +82,10 @@ def strategy_modules():
     import importlib
     import pkgutil
 
-    import parlab.parallel
+    import parlab.lab.parallel
 
-    names = [f"parlab.parallel.{m.name}" for m in pkgutil.iter_modules(parlab.parallel.__path__)]
-    names += ["parlab.compose", "parlab.compose_models", "parlab.builtin", "parlab.training"]
+    names = [f"parlab.lab.parallel.{m.name}" for m in pkgutil.iter_modules(parlab.lab.parallel.__path__)]
+    names += ["parlab.lab.compose", "parlab.lab.compose_models", "parlab.lab.builtin", "parlab.lab.training"]
     return [importlib.import_module(n) for n in names]
 
 

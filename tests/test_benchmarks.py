@@ -1,4 +1,4 @@
-"""The chapter 03 benchmarks' non-timing logic (``parlab.bench`` and the scripts in ``benchmarks/``): how they summarise, and what they do without GPUs."""
+"""The chapter 03 benchmarks' non-timing logic (``parlab.course.bench`` and the scripts in ``benchmarks/``): how they summarise, and what they do without GPUs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import dp_vs_ddp  # noqa: E402
 
-from parlab.bench.dp_vs_ddp import PUBLISHED, table  # noqa: E402
-from parlab.measure import summarize  # noqa: E402
+from parlab.course.bench.dp_vs_ddp import PUBLISHED, table  # noqa: E402
+from parlab.lab.measure import summarize  # noqa: E402
 
 
 def test_throughput_ratio_pairs_rounds():

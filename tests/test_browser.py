@@ -152,7 +152,7 @@ def pngs_in(frame: bytes) -> list[bytes]:
 def inputs_of(png: bytes) -> dict:
     from PIL import Image
 
-    from parlab.widgets import PNG_INPUTS_KEY
+    from parlab.decide.widgets import PNG_INPUTS_KEY
 
     return json.loads(Image.open(io.BytesIO(png)).text[PNG_INPUTS_KEY])
 
@@ -161,8 +161,8 @@ def whole(png: bytes) -> bool:
     """The chart the kernel sent equals the one drawn here, alone, from the arguments stored in it."""
     from PIL import Image
 
-    from parlab.advice import recommend
-    from parlab.widgets import advice_png
+    from parlab.decide.advice import recommend
+    from parlab.decide.widgets import advice_png
 
     inputs = inputs_of(png)
     reference = advice_png(recommend(**inputs), inputs)
@@ -230,7 +230,7 @@ def test_a_missing_browser_fails_under_ci_and_skips_otherwise(monkeypatch, ci, o
 def test_chapter_01_strategy_tool_in_chromium(browser, lab):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    from parlab.widgets import GPU_SIZES_GB, StrategyTool
+    from parlab.decide.widgets import GPU_SIZES_GB, StrategyTool
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for old in ARTIFACTS.glob("*.png"):

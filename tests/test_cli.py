@@ -6,9 +6,7 @@ import subprocess
 import sys
 
 import parlab
-from parlab import cli
-
-
+from parlab.course import cli
 def test_check_reports_and_passes():
     out = subprocess.run([sys.executable, "-m", "parlab", "check"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

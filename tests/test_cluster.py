@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import parlab
-from parlab.builtin import STRATEGIES
-from parlab.launch.cluster import Job, current_job
-from parlab.training import train_single
+from parlab.lab.builtin import STRATEGIES
+from parlab.lab.launch.cluster import Job, current_job
+from parlab.lab.training import train_single
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3

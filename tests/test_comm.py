@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.measure import (
+from parlab.lab.measure import (
     bus_factor,
     busbw,
     comm_table,
@@ -63,7 +63,7 @@ def test_group_size_and_ranks_of_a_subgroup():
 def _ddp_on_a_subgroup():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from parlab.measure import CommLog
+    from parlab.lab.measure import CommLog
     group = dist.new_group([1, 2])
     if dist.get_rank() == 0:
         return []
@@ -82,7 +82,7 @@ def test_ddp_hook_records_the_models_group():
 def _ddp_step():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from parlab.measure import CommLog
+    from parlab.lab.measure import CommLog
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params
     ddp = DDP(model, bucket_cap_mb=1)
@@ -175,7 +175,7 @@ def test_sweep_reports_consistent_bandwidths():
 
 def test_comm_table_lists_each_rank():
     results = parlab.launch(_every_op, world_size=2, timeout=20, output="none", announce=False)
-    from parlab.measure import CommRecord
+    from parlab.lab.measure import CommRecord
     table = comm_table([[CommRecord(op, b, n, 0.0, 0.001) for op, b, n in res] for res in results])
     assert "   1  recv" in table and "   0  send" in table
 
@@ -197,8 +197,8 @@ def test_dtensor_functional_collectives_are_seen():
 
 
 def _course_ddp_step():
-    from parlab.measure import CommLog, Timeline
-    from parlab.parallel.ddp import DDPOverlap
+    from parlab.lab.measure import CommLog, Timeline
+    from parlab.lab.parallel.ddp import DDPOverlap
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))  # 676 params
     tl = Timeline()
@@ -217,8 +217,8 @@ def test_course_ddp_reports_into_a_comm_log():
 
 
 def _batched_exchange():
-    from parlab.measure import CommLog
-    from parlab.parallel import communicate_batch
+    from parlab.lab.measure import CommLog
+    from parlab.lab.parallel import communicate_batch
 
     r, n = dist.get_rank(), dist.get_world_size()
     mine = torch.full((3,), float(r))  # 12 bytes
@@ -241,7 +241,7 @@ def test_communicate_batch_exchanges_and_reports_each_message():
 
 
 def test_communicate_batch_refuses_a_collective():
-    from parlab.parallel import communicate_batch
+    from parlab.lab.parallel import communicate_batch
 
     def bad():
         communicate_batch([("all_reduce", torch.ones(1), 0, None)])
@@ -251,8 +251,8 @@ def test_communicate_batch_refuses_a_collective():
 
 
 def _rooted_ops():
-    from parlab.measure import CommLog
-    from parlab.parallel.comm import communicate
+    from parlab.lab.measure import CommLog
+    from parlab.lab.parallel.comm import communicate
     rank, n = dist.get_rank(), dist.get_world_size()
     mine = torch.empty(3)
     chunks = [torch.full((3,), float(r)) for r in range(n)] if rank == 1 else None
@@ -278,7 +278,7 @@ def test_communicate_scatter_gather_reduce_to_a_root_other_than_zero():
 
 
 def test_nccl_transports_reads_the_channels_of_an_nccl_log():
-    from parlab.measure import nccl_transports
+    from parlab.lab.measure import nccl_transports
     log = ("node1:7:7 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
            "node1:7:7 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via SHM/direct/direct\n"
            "node1:7:7 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1\n")

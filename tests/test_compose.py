@@ -1,4 +1,4 @@
-"""Strategies composed on a mesh through ``parlab.compose.parallelize`` train exactly like one process.
+"""Strategies composed on a mesh through ``parlab.lab.compose.parallelize`` train exactly like one process.
 
 The residual MLP stack: the course's own DDP (chapter 03) on the ``dp`` axis beside DTensor tensor
 parallelism on the ``tp`` axis, every gradient byte counted on its dp group, and PyTorch's mixes.
@@ -17,10 +17,10 @@ import torch
 from torch.testing import assert_close
 
 import parlab
-from parlab.builtin import train_2d
-from parlab.compose import COURSE, PYTORCH, parallelize
-from parlab.parallel import Topology
-from parlab.training import make_model, train, train_single
+from parlab.lab.builtin import train_2d
+from parlab.lab.compose import COURSE, PYTORCH, parallelize
+from parlab.lab.parallel import Topology
+from parlab.lab.training import make_model, train, train_single
 
 STEPS = 3
 
@@ -31,8 +31,8 @@ def reference():
 
 
 def _course_ddp_times_tp():
-    from parlab.measure import CommLog
-    from parlab.parallel.ddp import _local
+    from parlab.lab.measure import CommLog
+    from parlab.lab.parallel.ddp import _local
 
     topo = Topology.build(tp=2)  # dp = 2
     with CommLog() as log:
@@ -115,19 +115,19 @@ AXIS_OPS = {"dp": {"reduce_scatter", "all_gather"}, "tp": {"all_reduce", "all_ga
 
 
 def gpt2():
-    from parlab.models import tiny_gpt2
+    from parlab.lab.models import tiny_gpt2
 
     return tiny_gpt2(n_layer=4, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=SEQ, tie_word_embeddings=False)
 
 
 def llama():
-    from parlab.models import tiny_llama
+    from parlab.lab.models import tiny_llama
 
     return tiny_llama(n_layer=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab_size=VOCAB, n_positions=SEQ)
 
 
 def token_batches(steps):
-    from parlab.models import token_batch
+    from parlab.lab.models import token_batch
 
     return [(t, t) for t in (token_batch(BATCH, SEQ, VOCAB, seed=s) for s in range(steps))]
 
@@ -135,8 +135,8 @@ def token_batches(steps):
 def _decoder_mix(make, sizes, how, steps, bug=False):
     """Train ``steps`` steps on this rank; returns the losses and {(axis, op, group size)} of every
     collective and message a step issued (comm_by_axis): which groups talked, and with what."""
-    from parlab.compose import comm_by_axis
-    from parlab.models import shard
+    from parlab.lab.compose import comm_by_axis
+    from parlab.lab.models import shard
 
     topo = Topology.build(**sizes)
     parts = parallelize(make(), topo, num_micro_batches=2, **OPT, **how)
@@ -181,7 +181,7 @@ def _all_decoder_mixes(names, bug, steps):
 
 @pytest.fixture(scope="module")
 def decoder_references():
-    from parlab.training import train_reference
+    from parlab.lab.training import train_reference
 
     return {name: train_reference(make(), token_batches(STEPS), **OPT) for name, make in MODELS.items()}
 
@@ -200,7 +200,7 @@ def _check_mix(name, sizes, result, reference):
 
 
 def test_decoder_mixes_on_four_ranks_equal_one_process(decoder_references):
-    from parlab.launch import preload
+    from parlab.lab.launch import preload
 
     preload("torch._dynamo", "torch.distributed.pipelining", "transformers.models.gpt2.modeling_gpt2")
     per_rank = parlab.launch(_all_decoder_mixes, 4, args=(list(DECODER_MIXES), PLANTED, STEPS), timeout=600,
@@ -217,7 +217,7 @@ def test_decoder_mixes_on_four_ranks_equal_one_process(decoder_references):
 def test_three_d_on_eight_ranks_equals_one_process(decoder_references):
     """DP × PP × TP = 2 × 2 × 2, the course's strategies and PyTorch's, 2 steps of the tiny GPT-2 (8 ranks
     on the 2-core test machine: 5 s)."""
-    from parlab.launch import preload
+    from parlab.lab.launch import preload
 
     preload("torch._dynamo", "torch.distributed.pipelining", "transformers.models.gpt2.modeling_gpt2")
     sizes = {"dp": 2, "pp": 2, "tp": 2}
@@ -248,8 +248,8 @@ def test_bad_decoder_layouts_say_what_is_allowed(sizes, how, message):
 
 
 def test_step_parts_split_a_step_into_computing_moving_and_waiting():
-    from parlab.bench.mixes import Mix, _union, step_parts
-    from parlab.measure.comm import CommRecord
+    from parlab.course.bench.mixes import Mix, _union, step_parts
+    from parlab.lab.measure.comm import CommRecord
 
     assert _union([(0, 2), (1, 3), (5, 6)]) == 4 and _union([]) == 0
     # two data-parallel ranks, one all-reduce: rank 1 joins 3 s after rank 0, both finish at 5; rank 1
@@ -272,8 +272,8 @@ def test_step_parts_split_a_step_into_computing_moving_and_waiting():
 def test_params_held_counts_each_stage_from_the_shapes():
     """What the notebook's bytes on dp follow: each stage's parameters (tp = 1: every stage of chapter 06's
     split counted), and under TP the split layers divided by t, the rest whole."""
-    from parlab.bench import mixes
-    from parlab.parallel.pipeline import split_gpt2
+    from parlab.course.bench import mixes
+    from parlab.lab.parallel.pipeline import split_gpt2
 
     cfg = mixes.SIZES
     model = mixes.make_model(cfg)
@@ -292,7 +292,7 @@ def test_bytes_sent_is_the_rings_share_of_the_buffer():
     """Chapter 07 reports what a rank sends, not the collectives' buffers: on n ranks an all-reduce's
     2(n−1)/n, a reduce-scatter's or all-gather's (n−1)/n, so ZeRO-1's pair (each of a buffer twice DDP's,
     chapter 04's flat buffer) sends DDP's bytes and FSDP2's three ops 1.5 times them."""
-    from parlab.bench import mixes
+    from parlab.course.bench import mixes
 
     psi_bytes, n = 4 * 1000, 8
     ddp = mixes.bytes_sent("all_reduce", psi_bytes, n)

@@ -1,4 +1,4 @@
-"""Ring attention (``parlab.parallel.context``, chapter 09) against full attention in one process
+"""Ring attention (``parlab.lab.parallel.context``, chapter 09) against full attention in one process
 (PyTorch's ``scaled_dot_product_attention``): outputs and gradients of q, k, v, at cp 2, 3 and 4, with
 grouped-query attention, causal (contiguous and load-balanced) and not, sequences that do not divide;
 bytes sent against ``ring_bytes``, work per rank against ``Layout.score_pairs``, memory kept for backward
@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import parlab
-from parlab.measure import CommLog
-from parlab.parallel import context as cpx
+from parlab.lab.measure import CommLog
+from parlab.lab.parallel import context as cpx
 
 B, HEADS, KV_HEADS, D = 2, 4, 2, 8
 CASES = [(s, causal, balanced) for s in (16, 19) for causal, balanced in ((True, True), (True, False), (False, True))]

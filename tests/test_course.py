@@ -13,9 +13,9 @@ import tempfile
 import nbformat
 import pytest
 
-from parlab import course
-from parlab.export import export_function
-from parlab.launch import lease
+from parlab.course import chapters as course
+from parlab.course.export import export_function
+from parlab.lab.launch import lease
 
 
 def _chapter(folder, name, *cells, ci=None):

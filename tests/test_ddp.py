@@ -1,4 +1,4 @@
-"""Parity of the from-scratch DDP (``parlab.parallel.ddp``, chapter 03) with a single process trained on
+"""Parity of the from-scratch DDP (``parlab.lab.parallel.ddp``, chapter 03) with a single process trained on
 the global batch and with ``torch.nn.parallel.DistributedDataParallel``.
 
 One launch per world size trains every configuration (v1, v2 and v3 at several bucket sizes, PyTorch's
@@ -17,10 +17,10 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 import parlab
-from parlab.launch import preload
-from parlab.measure import CommLog
-from parlab.models import regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
-from parlab.parallel import DDPBuckets, DDPNaive, DDPOverlap
+from parlab.lab.launch import preload
+from parlab.lab.measure import CommLog
+from parlab.lab.models import regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
+from parlab.lab.parallel import DDPBuckets, DDPNaive, DDPOverlap
 
 STEPS = 3
 GLOBAL_BATCH = 12  # splits evenly over 2, 3 and 4 ranks

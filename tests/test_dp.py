@@ -1,4 +1,4 @@
-"""DataParallel's data flow played by ranks (``parlab.parallel.dp``, chapter 03) trains exactly like one
+"""DataParallel's data flow played by ranks (``parlab.lab.parallel.dp``, chapter 03) trains exactly like one
 process on the global batch, moves the tensors nn.DataParallel moves, and leaves the extra work to rank 0."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import torch
 from torch.testing import assert_close
 
 import parlab
-from parlab.launch import preload
-from parlab.measure import CommLog, Timeline, totals
-from parlab.models import tiny_gpt2, token_batch
-from parlab.parallel.dp import dataparallel_step, train_like_dataparallel
+from parlab.lab.launch import preload
+from parlab.lab.measure import CommLog, Timeline, totals
+from parlab.lab.models import tiny_gpt2, token_batch
+from parlab.lab.parallel.dp import dataparallel_step, train_like_dataparallel
 
 STEPS = 2
 VOCAB, SEQ = 128, 16

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import parlab.planner
-from parlab.exercises import (
+import parlab.decide.planner
+from parlab.course.exercises import (
     ExerciseFailed,
     check_crossover_bytes,
     check_ddp_buckets,
@@ -22,12 +22,12 @@ from parlab.exercises import (
     check_weighted_average,
     first_difference,
 )
-from parlab.exercises.ch01 import _max_params
-from parlab.exercises.ch02 import _crossover_bytes
-from parlab.exercises.ch03 import _reference_buckets
-from parlab.models import tiny_gpt2
-from parlab.parallel import expert
-from parlab.ring import ring_all_reduce
+from parlab.course.exercises.ch01 import _max_params
+from parlab.course.exercises.ch02 import _crossover_bytes
+from parlab.course.exercises.ch03 import _reference_buckets
+from parlab.lab.models import tiny_gpt2
+from parlab.lab.parallel import expert
+from parlab.lab.parallel.ring import ring_all_reduce
 
 
 def solutions(chapter: str, count: int | None = None, **names) -> dict:
@@ -148,25 +148,25 @@ def test_gated_mlp_check_against_measurement():
 
 
 def test_chapter_01_checks_refuse_the_package_answers():
-    import parlab.measure
-    from parlab.exercises import ch01
-    from parlab.measure import measure_activations  # bound before the check, as a notebook cell would
+    import parlab.lab.measure
+    from parlab.course.exercises import ch01
+    from parlab.lab.measure import measure_activations  # bound before the check, as a notebook cell would
 
     def measures(s, b, h, i, bytes_per_value):
         return measure_activations(ch01.GatedReLUMLP(h, i), torch.randn(s, b, h, requires_grad=True))
 
     def measures_by_attribute(s, b, h, i, bytes_per_value):
-        return parlab.measure.measure_activations(ch01.GatedReLUMLP(h, i), torch.randn(s, b, h, requires_grad=True))
+        return parlab.lab.measure.measure_activations(ch01.GatedReLUMLP(h, i), torch.randn(s, b, h, requires_grad=True))
 
     with pytest.raises(ExerciseFailed, match="measure_activations is the package's answer to this exercise: the "
                                              "exercise asks you to count"):
         check_gated_mlp_bytes(measures)
     with pytest.raises(ExerciseFailed, match="measure_activations is the package's answer"):
         check_gated_mlp_bytes(measures_by_attribute)
-    assert parlab.measure.measure_activations is measure_activations  # nothing was patched
+    assert parlab.lab.measure.measure_activations is measure_activations  # nothing was patched
     with pytest.raises(ExerciseFailed, match="ch01._max_params is the package's answer"):
         check_max_params(lambda gpu_gb, n_d, stage, k=12: ch01_max_params(gpu_gb, n_d, stage, k))
-    estimate = parlab.measure.estimate_memory
+    estimate = parlab.lab.measure.estimate_memory
 
     def by_the_estimator(gpu_gb, n_d, stage, k=12):
         return gpu_gb * 1e9 / estimate(num_params=1, precision="bf16", world_size=n_d, zero_stage=stage).total
@@ -280,8 +280,8 @@ def _sends_t_itself(t, wait_first=False):  # sends t, not a copy; adds into it b
 
 
 def _peers_on_rank():
-    from parlab.measure import CommLog
-    from parlab.parallel.comm import communicate, communicate_batch
+    from parlab.lab.measure import CommLog
+    from parlab.lab.parallel.comm import communicate, communicate_batch
 
     rank = dist.get_rank()
     with core.record_group() as seen:
@@ -323,7 +323,7 @@ def test_recursive_doubling_check_passes_the_reference(world_size):
 
 
 def test_chapter_02_solutions_pass_and_think_questions_are_checked():
-    from parlab.exercises import check_below_crossover, check_send_buffer
+    from parlab.course.exercises import check_below_crossover, check_send_buffer
 
     shown = solutions("02_collectives.ipynb")
     assert "log₂ n × buffer" in repr(check_recursive_doubling(shown["solution_my_all_reduce"], world_size=4))
@@ -441,7 +441,7 @@ def test_ddp_buckets_check_refuses_a_layout_copied_from_its_message():
 
 
 def test_chapter_03_solutions_pass_their_checks():
-    from parlab.exercises import check_early_buckets
+    from parlab.course.exercises import check_early_buckets
 
     shown = solutions("03_dp_vs_ddp.ipynb")
     assert "global mean" in repr(check_weighted_average(shown["solution_weighted_average"], world_size=3))
@@ -451,7 +451,7 @@ def test_chapter_03_solutions_pass_their_checks():
 
 
 def test_early_buckets_check_both_ways():
-    from parlab.exercises import check_early_buckets
+    from parlab.course.exercises import check_early_buckets
 
     sizes = dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
     with pytest.raises(ExerciseFailed, match="keys"):
@@ -466,7 +466,7 @@ def test_early_buckets_check_both_ways():
 
 def _real(sizes, bucket_bytes):
     import parlab
-    from parlab.exercises.ch03 import _early_launches
+    from parlab.course.exercises.ch03 import _early_launches
 
     return tuple(parlab.launch(_early_launches, world_size=2, args=(sizes, bucket_bytes, 8), announce=False,
                                output="none")[0])
@@ -477,9 +477,9 @@ def _real(sizes, bucket_bytes):
 def test_chapter_05_solutions_pass_and_copies_fail():
     import torch.nn.functional as F
 
-    from parlab.exercises import check_row_parallel_forward, check_sp_costs, check_tp_collectives
-    from parlab.exercises.ch05 import CASES, _reference_tp_collectives
-    from parlab.parallel import tensor as tp
+    from parlab.course.exercises import check_row_parallel_forward, check_sp_costs, check_tp_collectives
+    from parlab.course.exercises.ch05 import CASES, _reference_tp_collectives
+    from parlab.lab.parallel import tensor as tp
 
     sol = solutions("05", F=F, tp=tp)
     assert "one all-reduce" in repr(check_row_parallel_forward(sol["solution_row_parallel_forward"], world_size=2))
@@ -515,14 +515,14 @@ def test_chapter_05_solutions_pass_and_copies_fail():
 
 
 def test_chapter_06_solutions_pass_and_wrong_answers_fail():
-    from parlab.exercises import (
+    from parlab.course.exercises import (
         check_interleave_tradeoff,
         check_message_cost,
         check_one_f_one_b_order,
         check_peak_activations,
         check_smallest_micro_batches,
     )
-    from parlab.parallel import pipeline_schedule as ps
+    from parlab.lab.parallel import pipeline_schedule as ps
 
     sol = solutions("06", ps=ps)
     check_one_f_one_b_order(sol["solution_one_f_one_b_order"])
@@ -547,7 +547,7 @@ def test_chapter_06_solutions_pass_and_wrong_answers_fail():
 # -- chapter 06 ----------------------------------------------------------------------------------------------
 
 def test_one_f_one_b_order_check_both_ways():
-    from parlab.exercises import check_one_f_one_b_order
+    from parlab.course.exercises import check_one_f_one_b_order
 
     assert "every stage" in repr(check_one_f_one_b_order(_chapter_06()["solution_one_f_one_b_order"]))
 
@@ -560,17 +560,17 @@ def test_one_f_one_b_order_check_both_ways():
 
     with pytest.raises(ExerciseFailed, match=r"stage 0 of 1, 2 micro-batches: operation 1 should be 'B0', got 'F1'"):
         check_one_f_one_b_order(warmup_one_too_many)
-    from parlab.parallel import pipeline_schedule as ps
+    from parlab.lab.parallel import pipeline_schedule as ps
 
-    with pytest.raises(ExerciseFailed, match="without parlab.parallel.pipeline_schedule's schedules"):
+    with pytest.raises(ExerciseFailed, match="without parlab.lab.parallel.pipeline_schedule's schedules"):
         check_one_f_one_b_order(lambda stage, num_stages, num_micro_batches:
                                 ps.one_f_one_b(num_stages, num_micro_batches).names(stage))
     assert ps.one_f_one_b(2, 2).names(0) == ["F0", "F1", "B0", "B1"]  # and the package's schedule is back
 
 
 def test_one_f_one_b_order_check_draws_settings_a_table_of_the_grid_lacks():
-    from parlab.exercises import check_one_f_one_b_order
-    from parlab.parallel import pipeline_schedule as ps
+    from parlab.course.exercises import check_one_f_one_b_order
+    from parlab.lab.parallel import pipeline_schedule as ps
 
     table = {(s, p, m): ps.one_f_one_b(p, m).names(s) for p in range(1, 7) for m in range(1, 10) for s in range(p)}
     with pytest.raises(ExerciseFailed, match=r"for stage \d+ of (7|8|9|10|11|12), \d+ micro-batch.*operation 0 "
@@ -584,8 +584,8 @@ def test_smallest_micro_batches_check_both_ways():
     import math
     from itertools import count
 
-    from parlab.exercises import check_smallest_micro_batches
-    from parlab.parallel.pipeline_schedule import bubble_formula
+    from parlab.course.exercises import check_smallest_micro_batches
+    from parlab.lab.parallel.pipeline_schedule import bubble_formula
 
     def search(p, target, v=1):
         return next(m for m in count(1) if bubble_formula(p, m, v) <= target)
@@ -600,7 +600,7 @@ def test_smallest_micro_batches_check_both_ways():
 
 
 def test_peak_activations_check_both_ways():
-    from parlab.exercises import check_peak_activations
+    from parlab.course.exercises import check_peak_activations
 
     def peak(ops, frees=("B", "W")):
         held = most = 0
@@ -613,16 +613,16 @@ def test_peak_activations_check_both_ways():
     assert "all 6" in repr(check_peak_activations(peak))
     with pytest.raises(ExerciseFailed, match=r"\(F0 I0 F1 W0 I1 F2 W1 I2 W2\): expected 2, got 1"):  # planted: I frees
         check_peak_activations(lambda ops: peak(ops, frees=("B", "I")))
-    from parlab.parallel import pipeline_schedule as ps
+    from parlab.lab.parallel import pipeline_schedule as ps
 
-    with pytest.raises(ExerciseFailed, match="without parlab.parallel.pipeline_schedule's in_flight"):
+    with pytest.raises(ExerciseFailed, match="without parlab.lab.parallel.pipeline_schedule's in_flight"):
         check_peak_activations(lambda ops: max(ps.in_flight(ps.Schedule("x", 1, 1 + max(int(o[1:]) for o in ops), 1, [[ps.Op.parse(o, stage=0)
                                                                                          for o in ops]]), 0)))
 
 
 def test_group_ranks_check_both_ways():
-    from parlab.exercises import check_group_ranks
-    from parlab.parallel import Topology
+    from parlab.course.exercises import check_group_ranks
+    from parlab.lab.parallel import Topology
 
     def group_ranks(rank, axis, sizes):
         strides = {"tp": 1, "dp": sizes["tp"], "pp": sizes["tp"] * sizes["dp"]}
@@ -639,7 +639,7 @@ def test_group_ranks_check_both_ways():
         check_group_ranks(blocks)
     for shortcut in (lambda rank, axis, sizes: Topology(**sizes).group_ranks(axis, rank),
                      lambda rank, axis, sizes: next(g for g in Topology(**sizes).groups(axis) if rank in g)):
-        with pytest.raises(ExerciseFailed, match="without parlab.parallel.Topology: what is the stride"):
+        with pytest.raises(ExerciseFailed, match="without parlab.lab.parallel.Topology: what is the stride"):
             check_group_ranks(shortcut)
     assert Topology(pp=2, dp=2, tp=2).group_ranks("dp", 1) == [1, 3]  # and the package's answer is back
 
@@ -653,9 +653,9 @@ def _states(num_params, dp, tp, pp, zero_stage, over=None):
 
 
 def test_model_states_check_both_ways():
-    import parlab.measure
-    from parlab import planner
-    from parlab.exercises import check_model_states
+    import parlab.lab.measure
+    from parlab.decide import planner
+    from parlab.course.exercises import check_model_states
 
     assert "all 48 layouts" in repr(check_model_states(_states))
     with pytest.raises(ExerciseFailed, match="ZeRO sharding over all the ranks"):  # planted: ZeRO over the world
@@ -663,7 +663,7 @@ def test_model_states_check_both_ways():
                            _states(num_params, dp, tp, pp, zero_stage, over=dp * tp * pp))
 
     def estimated(num_params, dp, tp, pp, zero_stage):  # the package's answer, refused
-        return parlab.measure.estimate_memory(num_params=num_params, precision="bf16", world_size=dp * tp * pp,
+        return parlab.lab.measure.estimate_memory(num_params=num_params, precision="bf16", world_size=dp * tp * pp,
                                               tp_size=tp, pp_size=pp, zero_stage=zero_stage).model_states
 
     def priced(num_params, dp, tp, pp, zero_stage):  # the same through the planner, refused too
@@ -674,13 +674,13 @@ def test_model_states_check_both_ways():
     for shortcut in (estimated, priced):
         with pytest.raises(ExerciseFailed, match="without estimate_memory or the planner"):
             check_model_states(shortcut)
-    assert parlab.measure.estimate_memory(num_params=10).model_states == 160  # and the package's answer is back
+    assert parlab.lab.measure.estimate_memory(num_params=10).model_states == 160  # and the package's answer is back
 
 
 def test_chapter_07_solutions_pass_their_checks():
-    from parlab.exercises import check_group_ranks, check_layout_choice, check_model_states
+    from parlab.course.exercises import check_group_ranks, check_layout_choice, check_model_states
 
-    shown = solutions("07", 3, measure=parlab.measure, planner=parlab.planner)
+    shown = solutions("07", 3, measure=parlab.lab.measure, planner=parlab.decide.planner)
     check_group_ranks(shown["solution_group_ranks"])
     check_model_states(shown["solution_model_states"])
     for seed in (0, 1):  # fresh scenarios each time; two draws here
@@ -688,13 +688,13 @@ def test_chapter_07_solutions_pass_their_checks():
 
 
 def test_layout_choice_check_both_ways():
-    from parlab import planner
-    from parlab.exercises import check_layout_choice
-    from parlab.exercises.ch07 import scenarios
-    from parlab.planner import candidates as bound_candidates
-    from parlab.planner import predict as bound_predict
+    from parlab.decide import planner
+    from parlab.course.exercises import check_layout_choice
+    from parlab.course.exercises.ch07 import scenarios
+    from parlab.decide.planner import candidates as bound_candidates
+    from parlab.decide.planner import predict as bound_predict
 
-    solution = solutions("07", 3, measure=parlab.measure, planner=parlab.planner)["solution_choose_layout"]
+    solution = solutions("07", 3, measure=parlab.lab.measure, planner=parlab.decide.planner)["solution_choose_layout"]
     # draws differ from call to call: nothing to write down in advance
     assert [d for d, _, _ in scenarios(4, seed=0)] != [d for d, _, _ in scenarios(4, seed=1)]
     with pytest.raises(ExerciseFailed, match="TP 32 spans nodes of 8 GPUs|TP 16 spans nodes of 8 GPUs"):
@@ -722,8 +722,8 @@ def test_layout_choice_check_both_ways():
 def test_layout_choice_failure_names_its_scenario_and_a_seed_that_repeats_it():
     import re
 
-    from parlab import planner
-    from parlab.exercises import check_layout_choice
+    from parlab.decide import planner
+    from parlab.course.exercises import check_layout_choice
 
     def pure_dp(workload, cluster, price):  # planted: a heuristic that fails some draws
         return planner.Layout(dp=cluster.world_size, zero_stage=3)
@@ -792,7 +792,7 @@ def _reduced_to_rank_0(flat):  # planted: every chunk reduced to rank 0, then th
 
 
 def test_chapter_04_reduce_to_owners_both_ways():
-    from parlab.exercises import ch04, check_reduce_to_owners
+    from parlab.course.exercises import ch04, check_reduce_to_owners
 
     shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
     assert "from reduces alone" in repr(check_reduce_to_owners(shown["solution_reduce_to_owners"]))
@@ -811,7 +811,7 @@ def test_chapter_04_reduce_to_owners_both_ways():
 
 
 def test_chapter_04_peak_gathered_both_ways():
-    from parlab.exercises import ch04, check_peak_gathered
+    from parlab.course.exercises import ch04, check_peak_gathered
 
     shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
     assert "12 cases, 4 of them drawn anew" in repr(check_peak_gathered(shown["solution_peak_gathered"]))
@@ -828,7 +828,7 @@ def test_chapter_04_peak_gathered_cannot_be_harvested_from_its_messages():
     import ast
     import re
 
-    from parlab.exercises import check_peak_gathered
+    from parlab.course.exercises import check_peak_gathered
 
     table = {}  # the learner's try/except loop: each failure's case and expected value, typed into a table
 
@@ -846,8 +846,8 @@ def test_chapter_04_peak_gathered_cannot_be_harvested_from_its_messages():
 
 
 def test_chapter_04_accumulation_volume_both_ways():
-    from parlab import planner
-    from parlab.exercises import check_accumulation_volume
+    from parlab.decide import planner
+    from parlab.course.exercises import check_accumulation_volume
 
     shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
     assert "all 5 strategies" in repr(check_accumulation_volume(shown["solution_accumulation_volume"]))
@@ -866,7 +866,7 @@ def test_chapter_04_accumulation_volume_both_ways():
 
 
 def test_chapter_04_keep_gathered_both_ways():
-    from parlab.exercises import check_keep_gathered
+    from parlab.course.exercises import check_keep_gathered
 
     sizes = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)
     shown = solutions("04", 4, tiny_gpt2=tiny_gpt2)
@@ -882,7 +882,7 @@ def test_chapter_04_keep_gathered_both_ways():
 
 
 def _gpt_block(sizes):
-    from parlab.models import tiny_gpt2
+    from parlab.lab.models import tiny_gpt2
 
     return list(tiny_gpt2(**sizes).transformer.h[-1].parameters())
 
@@ -890,8 +890,8 @@ def _gpt_block(sizes):
 # ---- chapter 09 -------------------------------------------------------------------------------------
 
 def test_chapter_09_solutions_pass_and_wrong_answers_fail():
-    from parlab.exercises import check_online_softmax_combine, check_received
-    from parlab.parallel import context, expert
+    from parlab.course.exercises import check_online_softmax_combine, check_received
+    from parlab.lab.parallel import context, expert
 
     shown = solutions("09", __name__="chapter_09_solutions", epx=expert)
     assert "✅" in repr(check_online_softmax_combine(shown["solution_combine"], world_size=3))
@@ -923,7 +923,7 @@ def test_chapter_09_solutions_pass_and_wrong_answers_fail():
 
 # ---- the one refusal: every way of reaching a package answer is refused, the solutions still pass --------
 
-from parlab.exercises import core  # noqa: E402
+from parlab.course.exercises import core  # noqa: E402
 
 
 def test_every_declared_answer_resolves_to_code():
@@ -938,8 +938,8 @@ def test_answers_are_refused_as_code_and_unchanged_outside_a_check():
     import sys
     import threading
 
-    from parlab.parallel import pipeline_schedule as ps
-    from parlab.reading import source
+    from parlab.lab.parallel import pipeline_schedule as ps
+    from parlab.course.reading import source
 
     assert ps.one_f_one_b(2, 2).names(0) == ["F0", "F1", "B0", "B1"]
     assert source(ps.one_f_one_b) == inspect.getsource(ps.one_f_one_b)  # no marker in the product's code
@@ -959,7 +959,7 @@ def test_answers_are_refused_as_code_and_unchanged_outside_a_check():
 
 
 def test_a_refusal_the_learner_catches_still_fails_the_check():
-    from parlab.parallel import pipeline_schedule as ps
+    from parlab.lab.parallel import pipeline_schedule as ps
 
     def swallows():
         try:
@@ -977,7 +977,7 @@ def test_a_refusal_the_learner_catches_still_fails_the_check():
 def test_a_refusal_propagates_through_c_code_and_an_outer_scope_gets_its_hook_back():
     import sys
 
-    from parlab.parallel import pipeline_schedule as ps
+    from parlab.lab.parallel import pipeline_schedule as ps
 
     for through_c in (lambda: list(map(ps.gpipe, [2], [2])), lambda: sorted([2, 1], key=lambda m: ps.gpipe(2, m))):
         with pytest.raises(ExerciseFailed, match="gpipe is the package's answer"), core.refusing("ch06.1", "w"):
@@ -996,7 +996,7 @@ def test_the_refusal_costs_a_small_factor_on_one_check(capsys):
     import contextlib
     import time
 
-    from parlab.exercises import ch06
+    from parlab.course.exercises import ch06
 
     solution = _chapter_06()["solution_one_f_one_b_order"]
 
@@ -1024,8 +1024,8 @@ def test_unsetting_the_hook_fails_the_check_but_a_thread_started_before_it_is_no
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from parlab.exercises import check_smallest_micro_batches
-    from parlab.exercises.ch06 import _smallest_m
+    from parlab.course.exercises import check_smallest_micro_batches
+    from parlab.course.exercises.ch06 import _smallest_m
 
     def unsets(p, target, v=1):
         sys.setprofile(None)
@@ -1041,27 +1041,27 @@ def test_unsetting_the_hook_fails_the_check_but_a_thread_started_before_it_is_no
 
 
 def test_without_refuses_the_named_functions_as_code_and_replaces_nothing():
-    import parlab.measure.memory as memory
+    import parlab.lab.measure.memory as memory
 
     estimate = memory.estimate_memory
     with pytest.raises(ExerciseFailed, match="estimate_memory is the package's answer .*: count it yourself"):
         with core.without(memory, ["estimate_memory"], "count it yourself"):
             assert memory.estimate_memory is estimate  # nothing patched
-            from parlab.measure.memory import estimate_memory as imported_meanwhile  # as a late import would
+            from parlab.lab.measure.memory import estimate_memory as imported_meanwhile  # as a late import would
 
             imported_meanwhile(num_params=10)
     assert imported_meanwhile(num_params=10).model_states == 160  # not a refusal kept for good
 
 
 def _chapter_06():
-    from parlab.parallel import pipeline_schedule as ps
+    from parlab.lab.parallel import pipeline_schedule as ps
 
     return solutions("06", ps=ps)
 
 
 def test_a_reference_bound_before_the_check_and_an_alias_are_refused():
-    from parlab.exercises import check_one_f_one_b_order
-    from parlab.parallel.pipeline_schedule import one_f_one_b as ofob  # an alias, bound before the check
+    from parlab.course.exercises import check_one_f_one_b_order
+    from parlab.lab.parallel.pipeline_schedule import one_f_one_b as ofob  # an alias, bound before the check
 
     with pytest.raises(ExerciseFailed, match="one_f_one_b is the package's answer .*count the warm-up forwards"):
         check_one_f_one_b_order(lambda stage, num_stages, num_micro_batches:
@@ -1072,9 +1072,9 @@ def test_a_reference_bound_before_the_check_and_an_alias_are_refused():
 def test_a_default_argument_a_container_and_a_thread_are_refused():
     from concurrent.futures import ThreadPoolExecutor
 
-    from parlab.exercises import ch01, check_gated_mlp_bytes, check_smallest_micro_batches
-    from parlab.exercises.ch06 import _smallest_m
-    from parlab.measure import measure_activations
+    from parlab.course.exercises import ch01, check_gated_mlp_bytes, check_smallest_micro_batches
+    from parlab.course.exercises.ch06 import _smallest_m
+    from parlab.lab.measure import measure_activations
 
     def by_default(s, b, h, i, bytes_per_value, _m=measure_activations):
         return _m(ch01.GatedReLUMLP(h, i), torch.randn(s, b, h, requires_grad=True))
@@ -1092,9 +1092,9 @@ def test_a_default_argument_a_container_and_a_thread_are_refused():
 
 def test_re_exports_are_refused():
     import parlab
-    import parlab.advice
+    import parlab.decide.advice
 
-    for estimate in (parlab.estimate_memory, parlab.advice.estimate_memory, getattr(parlab, "estimate_" + "memory")):
+    for estimate in (parlab.estimate_memory, parlab.decide.advice.estimate_memory, getattr(parlab, "estimate_" + "memory")):
         def by_the_estimator(gpu_gb, n_d, stage, k=12, estimate=estimate):
             return gpu_gb * 1e9 / estimate(num_params=1, precision="bf16", world_size=n_d, zero_stage=stage).total
 
@@ -1105,7 +1105,7 @@ def test_re_exports_are_refused():
 def test_importlib_reload_is_refused():
     import importlib
 
-    from parlab.exercises import ch02
+    from parlab.course.exercises import ch02
 
     reloaded = importlib.reload(ch02)  # a fresh module: its functions are marked again
     with pytest.raises(ExerciseFailed, match="_crossover_bytes is the package's answer"):
@@ -1118,9 +1118,9 @@ def test_importlib_reload_is_refused():
 def test_partial_and_a_copied_class_dict_are_refused_on_every_rank():
     import functools
 
-    from parlab.exercises import check_received, check_row_parallel_forward
-    from parlab.parallel import expert as epx
-    from parlab.parallel.tensor import RowParallelLinear
+    from parlab.course.exercises import check_received, check_row_parallel_forward
+    from parlab.lab.parallel import expert as epx
+    from parlab.lab.parallel.tensor import RowParallelLinear
 
     copied = type("Mine", (), dict(vars(RowParallelLinear)))  # the class's dict, copied before the check
     for copy in (functools.partial(RowParallelLinear.forward), lambda layer, x: copied.forward(layer, x)):
@@ -1137,7 +1137,7 @@ def test_partial_and_a_copied_class_dict_are_refused_on_every_rank():
 
 
 def test_every_wrong_choice_hears_why():
-    from parlab.exercises import ch02, ch05, ch06, check_choice
+    from parlab.course.exercises import ch02, ch05, ch06, check_choice
 
     tables = {"SEND_BUFFER": (ch02.SEND_BUFFER, "a"), "BELOW_CROSSOVER": (ch02.BELOW_CROSSOVER, "recursive doubling"),
               "NORM_CHOICES": (ch05.NORM_CHOICES, "b"), "LITERAL_CHOICES": (ch05.LITERAL_CHOICES, "a"),

@@ -1,4 +1,4 @@
-"""Expert parallelism (``parlab.parallel.expert``, chapter 09) against the dense mixture of experts in one
+"""Expert parallelism (``parlab.lab.parallel.expert``, chapter 09) against the dense mixture of experts in one
 process: outputs, the load-balancing loss, dropped tokens and every gradient, at ep 2, 3 and 4 (6 experts:
 uneven placement at 4), top-1 and top-2, with and without dropping; all-to-all bytes against the formula;
 a planted bug (slots handed to the experts in the wrong order) caught by a wide margin. Both layers against
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import parlab
-from parlab.measure import CommLog
-from parlab.parallel import expert as epx
-from parlab.parallel.expert_reference import naive_moe
+from parlab.lab.measure import CommLog
+from parlab.lab.parallel import expert as epx
+from parlab.lab.parallel.expert_reference import naive_moe
 
 HIDDEN, FFN, EXPERTS, TOKENS, ALPHA = 8, 16, 6, 24, 0.01  # TOKENS per rank (one group each)
 CASES = [(1, 1.0), (2, 1.0), (2, 4.0)]  # (top_k, capacity_factor): drops at 1.0, none at 4.0
@@ -146,7 +146,7 @@ def test_a_planted_bug_is_caught_by_a_wide_margin():
 
 
 def _dp_ep(steps, divide_by_edp=False, cp=1):
-    from parlab.parallel.topology import Topology
+    from parlab.lab.topology import Topology
 
     topo = Topology.build(ep=2, cp=cp)  # dp × cp = world size; experts over pairs of ranks, replicated over edp
     layer = epx.ExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, 1.0, dtype=torch.float64), topo.group("ep"))
@@ -214,7 +214,7 @@ def test_ranks_with_unequal_token_counts_agree_on_the_capacity(counts):
     # sizes disagreed (gloo aborts, NCCL hangs). The ranks agree on the largest count's capacity. (21, 22):
     # what the course's own Layout(43, cp=2) gives its two ranks.
     if counts == (21, 22):
-        from parlab.parallel import context as cpx
+        from parlab.lab.parallel import context as cpx
 
         assert counts == tuple(len(cpx.Layout(43, 2).positions(r)) for r in range(2))
     n, cf = len(counts), 1.0
@@ -234,7 +234,7 @@ def test_ranks_with_unequal_token_counts_agree_on_the_capacity(counts):
         assert_close(grads["w_in"], moe.w_in.grad[place[r].start:place[r].stop])
 
 
-# -- against an independent reference: the layer token by token (parlab.parallel.expert_reference) ----------
+# -- against an independent reference: the layer token by token (parlab.lab.parallel.expert_reference) ----------
 
 def _naive(moe, x, groups, cf):
     return naive_moe(x, moe.router, moe.w_in, moe.w_out, moe.top_k, cf, groups)
@@ -324,10 +324,10 @@ def test_each_planted_moe_bug_is_caught_by_the_reference(bug, monkeypatch):
     print(f"planted {bug}: max error {error:.3g}, {error / 1e-7:.0f}× the 1e-7 tolerance")
 
 
-# -- today's practice (parlab.parallel.expert_practice) ---------------------------------------------------
+# -- today's practice (parlab.lab.parallel.expert_practice) ---------------------------------------------------
 
 def _dropless_on_ranks():
-    from parlab.parallel.expert_practice import DroplessExpertParallelMoE
+    from parlab.lab.parallel.expert_practice import DroplessExpertParallelMoE
 
     r, n = dist.get_rank(), dist.get_world_size()
     layer = DroplessExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64))
@@ -344,7 +344,7 @@ def _dropless_on_ranks():
 
 @pytest.mark.parametrize("n", [2, 3, 4], ids=lambda n: f"ep{n}")
 def test_dropless_expert_parallelism_matches_the_reference_and_sends_no_padding(n):
-    from parlab.parallel.expert_practice import dropless_bytes
+    from parlab.lab.parallel.expert_practice import dropless_bytes
 
     results = parlab.launch(_dropless_on_ranks, world_size=n, announce=False, output="none")
     moe = epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64)
@@ -369,7 +369,7 @@ def test_dropless_expert_parallelism_matches_the_reference_and_sends_no_padding(
 
 
 def test_aux_loss_free_bias_reduces_the_imbalance():
-    from parlab.parallel.expert_practice import biased_top_k, update_bias
+    from parlab.lab.parallel.expert_practice import biased_top_k, update_bias
 
     g = torch.Generator().manual_seed(5)
     skew = torch.linspace(0, 2, EXPERTS)  # a router that prefers the last experts
@@ -385,7 +385,7 @@ def test_aux_loss_free_bias_reduces_the_imbalance():
 
 
 def test_node_limited_routing_bounds_the_fan_out():
-    from parlab.parallel.expert_practice import node_limited_top_k
+    from parlab.lab.parallel.expert_practice import node_limited_top_k
 
     scores = torch.randn(64, 16, generator=torch.Generator().manual_seed(6))  # 4 nodes of 4 experts
     for max_nodes in (1, 2):
@@ -409,7 +409,7 @@ def test_balancing_loss_is_hugging_face_mixtrals_divided_by_k(top_k):
 
 
 def _dropless_unequal(counts):
-    from parlab.parallel.expert_practice import DroplessExpertParallelMoE
+    from parlab.lab.parallel.expert_practice import DroplessExpertParallelMoE
 
     r = dist.get_rank()
     layer = DroplessExpertParallelMoE(epx.MoE(HIDDEN, FFN, EXPERTS, 2, dtype=torch.float64))

@@ -9,7 +9,7 @@ import sys
 import nbformat
 import pytest
 
-from parlab.export import export_function
+from parlab.course.export import export_function
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WELCOME = os.path.join(ROOT, "notebooks", "00_welcome.ipynb")

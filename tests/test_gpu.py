@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.launch.plan import make_plan
+from parlab.lab.launch.plan import make_plan
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -95,7 +95,7 @@ def _which_gpu():
 @needs_two
 def test_a_leased_launch_avoids_a_held_gpu(tmp_path, monkeypatch):
     """Workshop mode: with PARLAB_GPUS=auto a launch takes GPUs no other launch holds, and sees only those."""
-    from parlab.launch import lease
+    from parlab.lab.launch import lease
 
     monkeypatch.setenv("PARLAB_GPUS", "auto")
     monkeypatch.setenv("PARLAB_GPU_LOCKS", str(tmp_path))
@@ -120,7 +120,7 @@ def test_nccl_p2p_disable_takes_effect(disable, tmp_path, monkeypatch):
     # chapter 02 and the guide's benchmark turn NVLink off with NCCL_P2P_DISABLE=1. NCCL reads it when a
     # process makes its first communicator, so it is set before the launch (ranks take on the caller's
     # environment); NCCL's own log then names each channel's transport.
-    from parlab.measure import nccl_transports
+    from parlab.lab.measure import nccl_transports
 
     monkeypatch.setenv("NCCL_P2P_DISABLE", disable)
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
@@ -135,8 +135,8 @@ def test_nccl_p2p_disable_takes_effect(disable, tmp_path, monkeypatch):
 @needs_two
 def test_ring_attention_matches_pytorch_context_parallel():
     """Chapter 09's GPU reference: PyTorch's context_parallel (it refuses CPU attention) shards the sequence
-    as parlab.parallel.context.Layout does (head and tail chunks), and both match full attention."""
-    from parlab.parallel import context as cpx
+    as parlab.lab.parallel.context.Layout does (head and tail chunks), and both match full attention."""
+    from parlab.lab.parallel import context as cpx
 
     for res in parlab.launch(cpx.compare_with_pytorch, 2, backend="nccl"):
         assert res["same_layout"]

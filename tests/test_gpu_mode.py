@@ -23,13 +23,13 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab import runtime
-from parlab.job import hf, train_fsdp
-from parlab.job import torchrun as torchrun_module
-from parlab.launch import LaunchError, _worker, _zygote, lease, make_plan
-from parlab.launch import plan as plan_module
-from parlab.measure import Timeline
-from parlab.measure import bandwidth
+from parlab.lab import runtime
+from parlab.lab.job import hf, train_fsdp
+from parlab.lab.job import torchrun as torchrun_module
+from parlab.lab.launch import LaunchError, _worker, _zygote, lease, make_plan
+from parlab.lab.launch import plan as plan_module
+from parlab.lab.measure import Timeline
+from parlab.lab.measure import bandwidth
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -281,13 +281,13 @@ def _sources():
 
 
 # The decision (runtime.py) and the copyable script's written-out copy of it (held to it above).
-ALLOWED = {ROOT / "src/parlab/runtime.py", ROOT / "src/parlab/job/train_fsdp.py"}
+ALLOWED = {ROOT / "src/parlab/lab/runtime.py", ROOT / "src/parlab/lab/job/train_fsdp.py"}
 
 
 def test_nothing_else_tests_the_backend_string():
     found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p, text in _sources().items() if p not in ALLOWED
              for m in re.finditer(r".*get_backend\(.*", text)]
-    assert found == [], "ask parlab.runtime (gpu_mode, device, choose) instead of the backend string:\n" + "\n".join(found)
+    assert found == [], "ask parlab.lab.runtime (gpu_mode, device, choose) instead of the backend string:\n" + "\n".join(found)
     compared = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p, text in _sources().items()
                 for m in re.finditer(r".*get_backend\([^)]*\)\s*[!=]=.*", text)]
     assert compared == []  # in GPU mode it is "cpu:gloo,cuda:nccl": `== "nccl"` is False
@@ -302,7 +302,7 @@ def _code_before(text: str, at: int) -> bool:
 def test_every_fully_shard_gets_a_mesh():
     calls = [f"{p.relative_to(ROOT)}: {m.group(0).strip()}" for p, text in _sources().items()
              for m in re.finditer(r"(?<!def )\bfully_shard\((?![^)]*mesh=)[^)]*\)", text) if _code_before(text, m.start())]
-    assert calls == [], "pass mesh= (parlab.runtime.mesh()): without it FSDP2 builds a CUDA mesh on a GPU machine " \
+    assert calls == [], "pass mesh= (parlab.lab.runtime.mesh()): without it FSDP2 builds a CUDA mesh on a GPU machine " \
                         "even in CPU mode:\n" + "\n".join(calls)
 
 
@@ -323,8 +323,7 @@ def test_one_statement_of_the_runner_size():
 def test_the_workshop_guide_states_each_chapters_world_size():
     import nbformat
 
-    from parlab import course
-
+    from parlab.course import chapters as course
     table = {}
     for row in re.findall(r"^\| ([0-9][0-9][–0-9, ]*) \| (\d+)[^|]*\| (\d+)[^|]*\|$",
                           (ROOT / "docs/workshop.md").read_text(), re.M):
@@ -344,7 +343,7 @@ def test_the_workshop_guide_states_each_chapters_world_size():
 @pytest.mark.parametrize("local_world, gpu", [(2, True), (4, False)])
 def test_a_job_with_fewer_gpus_than_local_ranks_runs_every_rank_on_cpu(monkeypatch, local_world, gpu):
     """2 GPUs: with 4 processes on the node, local ranks 0 and 1 used to take a GPU and 2 and 3 the CPU."""
-    from parlab.launch import cluster
+    from parlab.lab.launch import cluster
 
     calls = {}
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

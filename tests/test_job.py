@@ -19,11 +19,11 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 import parlab
-from parlab.exercises import ExerciseFailed
-from parlab.exercises.ch08 import check_sharded_training
-from parlab.job import checkpoint, hf, train_fsdp
-from parlab.job.reference import one_process
-from parlab.job.torchrun import torchrun
+from parlab.course.exercises import ExerciseFailed
+from parlab.course.exercises.ch08 import check_sharded_training
+from parlab.lab.job import checkpoint, hf, train_fsdp
+from parlab.lab.job.reference import one_process
+from parlab.lab.job.torchrun import torchrun
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as functions in a notebook cell travel
 
@@ -36,7 +36,7 @@ NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "08_your_own_job.ipynb"
 def test_trainer_under_launch_is_the_trainer_under_torchrun(tmp_path):
     cfg = {"steps": 2}
     launched = parlab.launch(hf.trainer_job, 2, kwargs={"cfg": cfg}, timeout=120, output="none")[0]
-    torchrun("parlab.job.hf", 2, "--config", '{"steps": 2}', "--out", str(tmp_path / "r.pt"), module=True)
+    torchrun("parlab.lab.job.hf", 2, "--config", '{"steps": 2}', "--out", str(tmp_path / "r.pt"), module=True)
     run = torch.load(tmp_path / "r.pt", weights_only=False)
     assert len(launched["losses"]) == 2
     # in order (train_sampling_strategy="sequential"), its logged losses are one process's
@@ -156,8 +156,8 @@ def _replicated(first_step, steps, save_to=None, load_from=None):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from parlab.exercises.ch08 import LOOP
-    from parlab.models import tiny_llama, token_batch
+    from parlab.course.exercises.ch08 import LOOP
+    from parlab.lab.models import tiny_llama, token_batch
 
     model = tiny_llama(heads=4, kv_heads=4, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=LOOP["lr"], momentum=LOOP["momentum"])
@@ -225,7 +225,7 @@ def test_trainer_fsdp_shards_on_gpus():
 
 @pytest.mark.gpu
 def test_memory_snapshot_of_a_predicted_out_of_memory(tmp_path):
-    from parlab.job import debug
+    from parlab.lab.job import debug
 
     job = dict(n_layer=8, n_embd=1024, n_head=16, seq_len=512)
     oom = parlab.launch(debug.cuda_out_of_memory, 1, args=(job, str(tmp_path / "oom.pickle")), timeout=300)[0]
@@ -244,7 +244,7 @@ def _train_py(folder: Path, replace: dict | None = None) -> dict:
     job's settings (without ``out``)."""
     import shutil
 
-    from parlab.job import data
+    from parlab.lab.job import data
 
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     parts = [c.source.split("\n", 1)[1] for c in notebook.cells
@@ -278,7 +278,7 @@ def _run_train_py(folder: Path, ranks: int, job: dict, name: str):
 
 
 def test_train_py_divides_by_the_global_token_count_and_a_mean_over_micro_batches_is_caught(tmp_path):
-    from parlab.job.reference import script_job
+    from parlab.lab.job.reference import script_job
 
     (tmp_path / "right").mkdir()
     job = _train_py(tmp_path / "right")
@@ -340,7 +340,7 @@ def test_train_py_checkpoints_activations_before_sharding_and_transformers_recom
 
 
 def test_the_tokenizer_and_rows_refuse_what_they_cannot_make():
-    from parlab.job import data
+    from parlab.lab.job import data
 
     with pytest.raises(ValueError, match="vocab_size must exceed the 256 byte values"):
         data.train_tokenizer(["some text"], vocab_size=256)
@@ -355,7 +355,7 @@ def test_the_tokenizer_and_rows_refuse_what_they_cannot_make():
 # -- a hang, with a cluster's tools -----------------------------------------------------------------------
 
 def test_a_group_timeout_ends_a_collective_only_one_rank_called():
-    from parlab.job import debug
+    from parlab.lab.job import debug
 
     errors = parlab.launch(debug.collective_timeout, 2, kwargs={"seconds": 1}, timeout=60, announce=False)
     assert errors[1] is None and "Timed out waiting 1000ms" in errors[0]
@@ -365,7 +365,7 @@ def _py_spy_cannot_attach() -> str | None:
     """Why py-spy cannot read another process of this user here, or None when it can."""
     import subprocess
 
-    from parlab.job import debug
+    from parlab.lab.job import debug
 
     exe = debug.py_spy_exe()
     if exe is None:
@@ -380,7 +380,7 @@ def _py_spy_cannot_attach() -> str | None:
 
 
 def test_py_spy_finds_a_hung_rank_inside_its_collective():
-    from parlab.job import debug
+    from parlab.lab.job import debug
 
     reason = _py_spy_cannot_attach()
     if reason:
@@ -389,7 +389,7 @@ def test_py_spy_finds_a_hung_rank_inside_its_collective():
     main_thread = dump.split("\nThread ")[1]
     frames = [line.strip() for line in main_thread.splitlines()[1:]]
     assert frames[0].startswith("all_reduce (torch/distributed/distributed_c10d.py"), main_thread
-    assert any(f.startswith("py_spy_dump (parlab/job/debug.py") for f in frames), main_thread
+    assert any(f.startswith("py_spy_dump (parlab/lab/job/debug.py") for f in frames), main_thread
 
 
 def _empty_llama(restore_buffers: bool):

@@ -139,7 +139,7 @@ def test_ranks_import_nothing_from_ipython(kernel):
     # The kernel's warning filters name a class from IPython; %%ranks cells were pickled with a class from
     # the magic's module. Either made every rank import IPython (94 modules) on every launch.
     _, kc = kernel
-    check = "__import__('sys').modules.keys() & {'IPython', 'ipykernel', 'parlab.magic'}"
+    check = "__import__('sys').modules.keys() & {'IPython', 'ipykernel', 'parlab.course.magic'}"
     reply, _, _, tb, results = run(kc, f"parlab.launch(lambda: {check}, 2, announce=False)")
     assert reply["status"] == "ok", tb
     assert results == ["[set(), set()]"]

@@ -21,10 +21,10 @@ import torch.distributed as dist
 from conftest import wait_gone
 
 import parlab
-from parlab.launch import launcher as launcher_module
-from parlab.launch import plan as plan_module
-from parlab.launch import preload, shutdown
-from parlab.launch.plan import make_plan
+from parlab.lab.launch import launcher as launcher_module
+from parlab.lab.launch import plan as plan_module
+from parlab.lab.launch import preload, shutdown
+from parlab.lab.launch.plan import make_plan
 
 # Functions here travel by value, as functions defined in a notebook cell do.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -267,7 +267,7 @@ def test_notebook_display_is_the_message_alone():
         parlab.launch(lambda: 1 / 0, 1, announce=False)
     lines = info.value._render_traceback_()  # what IPython shows instead of the launcher's frames
     assert lines[0] == "RankError: rank 0 of 1 raised ZeroDivisionError: division by zero"
-    assert any("1 / 0" in line for line in lines) and not any("parlab/launch/" in line for line in lines)
+    assert any("1 / 0" in line for line in lines) and not any("parlab/lab/launch/" in line for line in lines)
 
 
 def test_system_exit_is_reported():
@@ -351,7 +351,7 @@ def test_rank_killed_by_signal(tmp_path):
 
 
 def test_a_long_message_is_cut_after_a_sentence():
-    from parlab.launch._diagnosis import _sentence
+    from parlab.lab.launch._diagnosis import _sentence
 
     gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
             "[127.0.0.1]:33160. This is typically caused by a remote worker crashing. Check the logs of the remote "

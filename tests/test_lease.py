@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from parlab import cli
-from parlab.launch import LaunchError, lease, make_plan
+from parlab.course import cli
+from parlab.lab.launch import LaunchError, lease, make_plan
 
 
 def eight():
@@ -93,7 +93,7 @@ def test_more_ranks_than_the_pool_is_an_error(box):
 
 HOLDER = textwrap.dedent("""
     import sys
-    from parlab.launch import lease
+    from parlab.lab.launch import lease
     held = lease.acquire(int(sys.argv[1]), env={"PARLAB_GPUS": sys.argv[2], "PARLAB_GPU_LOCKS": sys.argv[3]},
                          device_count=lambda: 8, wait=0, what="holder")
     print(",".join(held.gpus), flush=True)

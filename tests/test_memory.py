@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, BloomConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, Qwen2Config
 
 import parlab
-from parlab.measure import (
+from parlab.lab.measure import (
     ZERO_PAPER_TABLE1,
     activation_bytes_per_layer,
     count_params,
@@ -14,7 +14,7 @@ from parlab.measure import (
     measure_memory,
     peak_memory,
 )
-from parlab.measure.activations import Architecture, activation_saves, layer_terms
+from parlab.lab.measure.activations import Architecture, activation_saves, layer_terms
 
 
 def tiny_config(dropout=0.0):
@@ -187,8 +187,8 @@ def test_zero3_fsdp2_measured_per_rank(world_size):
 def test_activation_tracker_follows_what_autograd_keeps():
     """Counted while saved (as measure_activations counts them), released when backward frees them; weights
     never count."""
-    from parlab.measure import ActivationTracker, measure_activations
-    from parlab.models import tiny_blocks
+    from parlab.lab.measure import ActivationTracker, measure_activations
+    from parlab.lab.models import tiny_blocks
 
     model = tiny_blocks(2, 16)
     xs = [torch.randn(4, 16) for _ in range(3)]
@@ -213,8 +213,8 @@ def test_activation_tracker_lets_a_graph_go_without_a_backward():
     saves its own output: a tracker holding that tensor would keep the whole graph alive in a cycle."""
     import gc
 
-    from parlab.measure import ActivationTracker
-    from parlab.models import tiny_blocks
+    from parlab.lab.measure import ActivationTracker
+    from parlab.lab.models import tiny_blocks
 
     model = tiny_blocks(2, 16)
     x = torch.randn(4, 16, requires_grad=True)

@@ -1,11 +1,11 @@
-"""The tiny models and batches shared by the chapters (``parlab.models``)."""
+"""The tiny models and batches shared by the chapters (``parlab.lab.models``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from parlab.models import TinyMLP, regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
+from parlab.lab.models import TinyMLP, regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
 
 
 def test_same_seed_same_model_other_seed_other_model():

@@ -1,7 +1,7 @@
 """Every chapter notebook: committed clean, follows the skeleton, links resolve, runs with its default and
 its CI parameters, and its CI parameters keep every check alive.
 
-``parlab run``'s own code (:mod:`parlab.course`) runs each chapter twice: with its default parameters, as a
+``parlab run``'s own code (:mod:`parlab.course.chapters`) runs each chapter twice: with its default parameters, as a
 learner does, and with the smaller parameters stored in its metadata (``metadata.parlab.ci_parameters``),
 as CI does. Both runs record which checks (``assert`` statements, ``assert_close``-style calls) they reach, and
 ``test_ci_parameters_keep_every_assert_alive`` fails when the CI parameters skip one the defaults run
@@ -23,8 +23,7 @@ import sys
 import nbformat
 import pytest
 
-from parlab import course
-
+from parlab.course import chapters as course
 ROOT = pathlib.Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(course.CHAPTER_GLOB))
 SKELETON = ("Overview", "Prerequisites", "Parameters", "Exercises", "Summary", "Further reading")

@@ -1,4 +1,4 @@
-"""Pipeline parallelism from scratch (``parlab.parallel.pipeline``, ``pipeline_schedule`` and ``pipeline_p2p``,
+"""Pipeline parallelism from scratch (``parlab.lab.parallel.pipeline``, ``pipeline_schedule`` and ``pipeline_p2p``,
 chapter 06).
 
 Schedules are data, so most of their properties are checked here without any rank: what each rank runs,
@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import parlab
-from parlab.launch import preload
-from parlab.measure import CommLog, Timeline
-from parlab.models import regression_batch, tiny_blocks, tiny_gpt2, token_batch
-from parlab.parallel import pipeline_p2p as p2p
-from parlab.parallel import pipeline_schedule as ps
-from parlab.parallel.pipeline import Pipeline, causal_lm_loss, record_stage, split_gpt2, split_sequential
+from parlab.lab.launch import preload
+from parlab.lab.measure import CommLog, Timeline
+from parlab.lab.models import regression_batch, tiny_blocks, tiny_gpt2, token_batch
+from parlab.lab.parallel import pipeline_p2p as p2p
+from parlab.lab.parallel import pipeline_schedule as ps
+from parlab.lab.parallel.pipeline import Pipeline, causal_lm_loss, record_stage, split_gpt2, split_sequential
 
 BATCH, M = 8, 4  # examples per step, micro-batches
 HIDDEN, SEQ, VOCAB, EMBD = 16, 8, 64, 16
@@ -345,7 +345,7 @@ def test_measured_activations_are_the_count_from_the_order():
     micro-batch, the B or W that finishes it releases it), for 1F1B and the schedules that split the
     backward. A tracker that kept the split backward's graph alive, that charged the first stage the whole
     batch, or that counted what the loss keeps on the last stage, fails it."""
-    from parlab.bench.pipeline import TORCH_SCHEDULES, record
+    from parlab.course.bench.pipeline import TORCH_SCHEDULES, record
 
     preload("torch._dynamo", "torch.distributed.pipelining")
     p, m = 2, 4
@@ -368,7 +368,7 @@ def test_zero_bubble_gain_at_equal_stages_per_rank():
     """Chapter 06 compares the split backward at equal v: PyTorch's orders, simulated with F = I = W = 1 at
     p = 4, m = 8 (the issue's setting): 1F1B 3/11, interleaved 1F1B (v = 2) 3/19, ZB-1p below both; more than
     a third of ZB-1p's drop from 1F1B is interleaving's, the rest the split's."""
-    from parlab.bench.pipeline import TORCH_SCHEDULES, record
+    from parlab.course.bench.pipeline import TORCH_SCHEDULES, record
 
     preload("torch._dynamo", "torch.distributed.pipelining")
     p, m, names = 4, 8, ("interleaved", "zero-bubble", "zbv")
@@ -387,8 +387,7 @@ def test_zero_bubble_gain_at_equal_stages_per_rank():
 
 def test_the_simulator_shows_what_ran(trained):
     """Chapter 06's simulator widget draws, for every setting that ran, the order each rank recorded."""
-    from parlab import widgets
-
+    from parlab.decide import widgets
     n, cfgs, per_rank = trained
     for who, task, name in cfgs:
         if who == "ours" and task == "mlp":
@@ -402,8 +401,8 @@ def test_simulator_and_plot_draw_without_pyplot():
     callback on another thread cannot disturb (or be disturbed by) the notebook's figures."""
     import matplotlib.pyplot as plt
 
-    from parlab import plots, widgets
-
+    from parlab.decide import widgets
+    from parlab.lab import plots
     before = plt.get_fignums()
     view = widgets.pipeline_view("interleaved", 4, 8, 2)
     assert view.schedule == ps.interleaved_1f1b(4, 8, 2)
@@ -441,7 +440,7 @@ def test_bad_pipeline_input_is_named():
 
 
 def test_benchmark_pairs_each_schedule_with_pytorchs():
-    from parlab.bench.pipeline import summary
+    from parlab.course.bench.pipeline import summary
 
     times = {f"{who} {name}": [1.0, 4.0, 1.0] if who == "torch" else [1.25, 5.0, 1.25]
              for who in ("ours", "torch") for name in ("gpipe", "1f1b", "interleaved")}
@@ -454,7 +453,7 @@ def test_runs_on_the_pp_group_of_a_mesh():
     (pp=2, dp=2), each pipeline on its own group, whose in-group ranks are not the global ones."""
 
     def run():
-        from parlab.parallel.topology import Topology
+        from parlab.lab.topology import Topology
 
         topo = Topology.build(pp=2)
         group, stage = topo.group("pp"), topo.coord("pp")
@@ -490,8 +489,8 @@ def test_neighbouring_stages_on_one_rank_hand_over_in_memory():
 
 def test_traffic_model_prices_only_a_tp_that_splits_the_heads():
     """Chapter 06 prices TP 8 only for a model whose heads split 8 ways (GPT-2 XL's 25 do not)."""
-    from parlab.advice import preset
-    from parlab.bench.pipeline import traffic
+    from parlab.decide.advice import preset
+    from parlab.course.bench.pipeline import traffic
 
     with pytest.raises(ValueError, match="25 attention heads do not split over 8"):
         traffic(preset("GPT-2 XL (1.5B)"), 8, 16, 1024, 16)

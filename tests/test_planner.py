@@ -1,4 +1,4 @@
-"""The course's one cost model (``parlab.planner``): collectives on a ring, a data-parallel step, and a whole
+"""The course's one cost model (``parlab.decide.planner``): collectives on a ring, a data-parallel step, and a whole
 layout's memory, bytes and step time, against hand-computed values; bad input named; and the chapters
 taking their link figures from it rather than stating their own."""
 
@@ -12,8 +12,8 @@ from dataclasses import replace
 import nbformat
 import pytest
 
-from parlab import planner
-from parlab.measure import estimate_memory
+from parlab.decide import planner
+from parlab.lab.measure import estimate_memory
 
 ROOT = pathlib.Path(__file__).parent.parent
 LINK = planner.Link("test", alpha=1e-5, bandwidth=1e9)
@@ -66,7 +66,7 @@ def _gpt2(layers):
 
 
 def _workload(**kw):
-    from parlab.models import tiny_gpt2
+    from parlab.lab.models import tiny_gpt2
 
     return planner.Workload(**{"model": tiny_gpt2(n_layer=4, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
                                                   tie_word_embeddings=False).config,
@@ -225,7 +225,7 @@ def test_chapters_take_their_link_figures_from_the_planner(chapter):
 
 
 def test_the_strategy_tools_labels_are_layouts():
-    from parlab.bench.mixes import Mix, layout_on
+    from parlab.course.bench.mixes import Mix, layout_on
 
     assert planner.layout_of("TP 8 × PP 2 × DP 2 + ZeRO-1") == planner.Layout(dp=2, tp=8, pp=2, zero_stage=1)
     assert planner.layout_of("DDP ×32") == planner.Layout(dp=32)
@@ -245,8 +245,8 @@ def _ddp_rebuilt_buckets(caps_mb):
     # PyTorch's DDP on a small GPT-2; it rebuilds its buckets at the second forward (chapter 03)
     from torch.nn.parallel import DistributedDataParallel
 
-    from parlab.measure import ddp_buckets
-    from parlab.models import tiny_gpt2, token_batch
+    from parlab.lab.measure import ddp_buckets
+    from parlab.lab.models import tiny_gpt2, token_batch
 
     out = {}
     for cap_mb in caps_mb:
@@ -312,8 +312,8 @@ def test_a_fitted_collective_becomes_a_link_that_reproduces_it():
 
 
 def test_root_params_are_what_the_layers_leave():
-    from parlab.advice import preset
-    from parlab.measure import count_params
+    from parlab.decide.advice import preset
+    from parlab.lab.measure import count_params
 
     config = preset("Llama 2 7B")  # embedding and untied output layer, 32000 × 4096 each, and the final norm
     assert planner.root_params(config) == 2 * 32000 * 4096 + 4096

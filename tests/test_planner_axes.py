@@ -1,4 +1,4 @@
-"""Pricing the cp and ep axes (``parlab.planner_axes``, chapter 09) against the estimator and by hand."""
+"""Pricing the cp and ep axes (``parlab.decide.planner_axes``, chapter 09) against the estimator and by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import pytest
 from transformers import LlamaConfig
 
-from parlab import planner_axes as pa
-from parlab.measure import estimate_memory
-from parlab.parallel import context as cpx
+from parlab.decide import planner_axes as pa
+from parlab.lab.measure import estimate_memory
+from parlab.lab.parallel import context as cpx
 
 SMALL = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=6, num_attention_heads=8,
                     num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096)

@@ -7,8 +7,8 @@ matplotlib.use("Agg")
 import torch
 from matplotlib.patches import Rectangle
 
-from parlab import plots
-from parlab.measure import BandwidthPoint, Event, estimate_memory
+from parlab.lab import plots
+from parlab.lab.measure import BandwidthPoint, Event, estimate_memory
 
 
 def test_rank_tensors_one_cell_per_element():
@@ -55,7 +55,7 @@ def test_bandwidth_draws_fit_and_both_rates():
 
 
 def test_comm_bytes_one_bar_per_rank_one_segment_per_exchange():
-    from parlab.measure import CommRecord
+    from parlab.lab.measure import CommRecord
     records = [[CommRecord("broadcast", 4096, 2, 0.0, 1.0, r, r, "replicate"),
                 CommRecord("gather", 1024, 2, 1.0, 2.0, r, r, "logits")] for r in range(2)]
     fig = plots.comm_bytes(records)
@@ -67,7 +67,7 @@ def test_comm_bytes_one_bar_per_rank_one_segment_per_exchange():
 
 
 def test_mesh_draws_every_rank_and_each_axis_groups():
-    from parlab.parallel import Topology
+    from parlab.lab.parallel import Topology
 
     topo = Topology(pp=2, dp=3, tp=2)
     fig = plots.mesh(topo, gpus_per_node=4)

@@ -1,4 +1,4 @@
-"""Parity of the from-scratch tensor parallelism (``parlab.parallel.tensor``, chapter 05) with the unsharded
+"""Parity of the from-scratch tensor parallelism (``parlab.lab.parallel.tensor``, chapter 05) with the unsharded
 layers and models, and with PyTorch's DTensor ``parallelize_module``, at tp 2 and 4.
 
 One launch per tp size runs everything (the layers alone, one forward/backward of four tiny decoders with
@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import parlab
-from parlab.launch import preload
-from parlab.measure import CommLog, measure_activations, record_comm
-from parlab.models import tiny_gpt2, tiny_llama, token_batch
-from parlab.parallel import tensor as tp
-from parlab.parallel import tensor_models as tm
-from parlab.parallel import tensor_plan as plans
+from parlab.lab.launch import preload
+from parlab.lab.measure import CommLog, measure_activations, record_comm
+from parlab.lab.models import tiny_gpt2, tiny_llama, token_batch
+from parlab.lab.parallel import tensor as tp
+from parlab.lab.parallel import tensor_models as tm
+from parlab.lab.parallel import tensor_plan as plans
 
 B, S, V = 4, 16, 128  # batch, sequence (divisible by 4 for sequence parallelism), vocabulary
 MODELS = {  # name -> (builder, kwargs); Llama's KV heads: split, split then replicated, replicated
@@ -131,7 +131,7 @@ def tm_dense(model, grads):
 
 
 def train_lm(name: str, how: str, sp: bool):
-    from parlab.parallel.topology import Topology
+    from parlab.lab.topology import Topology
 
     mesh = Topology.build(tp=dist.get_world_size()).submesh("tp")
     model = tm.parallelize_lm(build(name), how, mesh, sequence_parallel=sp)
@@ -141,7 +141,7 @@ def train_lm(name: str, how: str, sp: bool):
 def records_vs_dtensor(name: str):
     """(op, bytes) of every collective one forward/backward issues, scratch and DTensor, as record_comm
     sees them (no sequence parallelism: DTensor then issues all of them from its style hooks)."""
-    from parlab.parallel.topology import Topology
+    from parlab.lab.topology import Topology
 
     mesh = Topology.build(tp=dist.get_world_size()).submesh("tp")
     seen = {}
@@ -359,7 +359,7 @@ def test_sequence_parallel_trades_each_all_reduce_for_a_gather_and_a_scatter(ran
         assert sorted(layer(plain)) == [("all_reduce", bsh)] * 4
         assert sorted(layer(sp)) == [("all_gather", bsh)] * 4 + [("reduce_scatter", bsh)] * 4
         # nccl-tests' bus factor: an all-reduce moves 2(t-1)/t of the buffer, a gather or scatter (t-1)/t
-        from parlab.measure import bus_factor
+        from parlab.lab.measure import bus_factor
 
         def moved(recs):
             return sum(b * bus_factor(op, n) for op, b in layer(recs))
@@ -461,7 +461,7 @@ def _correct(layer, x):  # a right answer, written from the package's operators
 
 
 def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
-    from parlab.exercises import ExerciseFailed, check_row_parallel_forward
+    from parlab.course.exercises import ExerciseFailed, check_row_parallel_forward
 
     assert "one all-reduce" in repr(check_row_parallel_forward(_correct, world_size=3))
     with pytest.raises(ExerciseFailed, match="RowParallelLinear.forward is the package's answer to this exercise"):
@@ -481,8 +481,8 @@ def test_row_parallel_exercise_passes_the_layer_and_explains_wrong_answers():
 
 
 def test_collectives_exercise_passes_the_reference_and_names_the_boundary():
-    from parlab.exercises import ExerciseFailed, check_tp_collectives
-    from parlab.exercises.ch05 import _reference_tp_collectives as reference_tp_collectives
+    from parlab.course.exercises import ExerciseFailed, check_tp_collectives
+    from parlab.course.exercises.ch05 import _reference_tp_collectives as reference_tp_collectives
 
     def chain_ops(splits):  # the answer, worked out: what each rank holds against what comes next needs
         held = ["whole"] + [{"column": "split", "row": "partial"}[s] for s in splits]
@@ -507,7 +507,7 @@ def test_collectives_exercise_passes_the_reference_and_names_the_boundary():
 
 
 def test_benchmark_summary_pairs_rounds_and_requires_equal_collectives():
-    from parlab.bench.tensor_parallel import summary
+    from parlab.course.bench.tensor_parallel import summary
 
     same = [("all_reduce", 64), ("all_reduce", 64)]
     raw = {"mlp": {"times": {"scratch": [1.0, 4.0], "dtensor": [1.0, 6.0]}, "collectives": {"scratch": same,
@@ -523,8 +523,7 @@ def test_matmul_split_draws_every_rank_block():
     import matplotlib
 
     matplotlib.use("Agg")
-    from parlab import plots
-
+    from parlab.lab import plots
     for t in (2, 4):
         fig = plots.matmul_split(t)
         top, bottom = fig.axes
@@ -535,7 +534,7 @@ def test_matmul_split_draws_every_rank_block():
 # -- on GPUs (NCCL, one GPU per rank): skipped without 2 of them -------------------------------------------
 
 def _trained_on_gpus(name, how, sp):
-    from parlab.parallel.topology import Topology
+    from parlab.lab.topology import Topology
 
     mesh = Topology.build(tp=dist.get_world_size()).submesh("tp")  # a CUDA mesh in GPU mode
     model = tm.parallelize_lm(build(name).to(parlab.device()), how, mesh, sequence_parallel=sp)

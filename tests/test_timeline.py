@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.measure import Event, Timeline, idle_gaps, merge, record_comm
+from parlab.lab.measure import Event, Timeline, idle_gaps, merge, record_comm
 
 
 def _late_rank0():

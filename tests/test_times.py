@@ -1,5 +1,5 @@
 """One source for each chapter's read, exercise and run times: the Overviews and the README's course map agree
-with :mod:`parlab.times`, and the check fails when one of them says otherwise."""
+with :mod:`parlab.course.times`, and the check fails when one of them says otherwise."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from parlab import times
-
+from parlab.course import times
 ROOT = Path(__file__).parents[1]
 
 

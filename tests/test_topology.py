@@ -4,7 +4,7 @@ import pytest
 import torch.distributed as dist
 
 import parlab
-from parlab.parallel import AXES, Topology
+from parlab.lab.parallel import AXES, Topology
 
 
 def test_coordinates_and_groups_by_arithmetic():

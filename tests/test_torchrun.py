@@ -4,7 +4,7 @@ and stopped, and every script torchrun starts leaves without the interpreter's t
 Why the last: on gloo, a collective issued during backward keeps backward's Python context in its work item,
 and gloo's worker thread frees that item just after the collective completes. When the main thread has begun
 shutting the interpreter down by then, the rank aborts ("terminate called without an active exception"; see
-``parlab.launch.cluster.exit_without_teardown``). It happened in 1 of 10 to 3 of 5 runs; it is a race, so no
+``parlab.lab.launch.cluster.exit_without_teardown``). It happened in 1 of 10 to 3 of 5 runs; it is a race, so no
 fast test can show it: ``benchmarks/torchrun_aborts.py`` runs each job 100 times (``--unfixed`` without the fix).
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from parlab import training
-from parlab.job import hf, train_fsdp
-from parlab.job.torchrun import torchrun
+from parlab.lab import training
+from parlab.lab.job import hf, train_fsdp
+from parlab.lab.job.torchrun import torchrun
 
 ROOT = Path(__file__).parents[1]
 

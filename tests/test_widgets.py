@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from parlab.advice import recommend
-from parlab.widgets import CUSTOM, PNG_INPUTS_KEY, _Latest, advice_figure, advice_png, strategy_tool
+from parlab.decide.advice import recommend
+from parlab.decide.widgets import CUSTOM, PNG_INPUTS_KEY, _Latest, advice_figure, advice_png, strategy_tool
 
 
 def pixels(png: bytes):
@@ -143,7 +143,7 @@ def test_pipeline_simulator_draws_whole_timelines_when_controls_move_on_many_thr
     # move its controls, must be exactly one of the timelines drawn alone for a setting they could reach.
     from itertools import product
 
-    from parlab.widgets import PIPELINE_SCHEDULES, pipeline_simulator, pipeline_view
+    from parlab.decide.widgets import PIPELINE_SCHEDULES, pipeline_simulator, pipeline_view
 
     box = pipeline_simulator(p=2, m=4)
     (which, ratio), (ranks, micro, _), _, image = box.children[0].children, box.children[1].children, *box.children[2:]

@@ -1,11 +1,11 @@
-"""Parity of the from-scratch ZeRO (``parlab.parallel.zero``, chapter 04) with a single process trained on the
+"""Parity of the from-scratch ZeRO (``parlab.lab.parallel.zero``, chapter 04) with a single process trained on the
 global batch, with ``DistributedDataParallel``, with ``torch.distributed.optim.ZeroRedundancyOptimizer``
 (stage 1) and with FSDP2's ``fully_shard`` (stage 3, with and without ``reshard_after_forward``, and in
 mixed precision).
 
 One launch per world size (2, 3 and 4: parameter counts that do not divide, so padding is exercised)
 trains every configuration on the tiny MLP and the tiny GPT-2 and sends back the losses, the final
-parameters, the first step's reduced gradients (``parlab.bench.zero.FirstGradients``), the flat layout and
+parameters, the first step's reduced gradients (``parlab.course.bench.zero.FirstGradients``), the flat layout and
 the last step's collectives; the assertions run here. The gradients are compared before the weights because
 Adam all but ignores a uniform gradient scale: planted scale bugs (÷ N twice, sum instead of average) move
 Adam's weights by a fraction to a few tens of times the tolerance, the reduced gradients by thousands.
@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import parlab
-from parlab.bench.zero import FirstGradients, margin
-from parlab.launch import preload
-from parlab.measure import CommLog, Timeline, record_comm, record_ddp
-from parlab.models import regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
-from parlab.parallel import ZeroStage1, ZeroStage2, ZeroStage3
+from parlab.course.bench.zero import FirstGradients, margin
+from parlab.lab.launch import preload
+from parlab.lab.measure import CommLog, Timeline, record_comm, record_ddp
+from parlab.lab.models import regression_batch, shard, tiny_gpt2, tiny_mlp, token_batch
+from parlab.lab.parallel import ZeroStage1, ZeroStage2, ZeroStage3
 
 STEPS = 3
 GLOBAL_BATCH = 12  # splits evenly over 2, 3 and 4 ranks
@@ -365,7 +365,7 @@ def test_stage2_reduces_during_backward(trained):
 
 def test_prefetch_holds_two_blocks_at_once(trained):
     """Without prefetch the root and one block are gathered at a time; with it, the next block too."""
-    from parlab.exercises.ch04 import reference_peak_gathered
+    from parlab.course.exercises.ch04 import reference_peak_gathered
 
     n, per_rank = trained
     for task in TASKS:

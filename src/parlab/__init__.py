@@ -4,11 +4,19 @@ The public face: :func:`launch` runs a function on N ranks, ``%load_ext parlab``
 cell magic, and :func:`rank`, :func:`world_size`, :func:`local_rank`, :func:`device` tell code on a
 rank who and where it is. The measuring instruments (chapter 01 on): :func:`estimate_memory`,
 :func:`measure_memory`, :func:`count_params`, :func:`record_comm`, :class:`Timeline`.
+
+The package has three floors, each importing only from itself and the floors below:
+
+- ``parlab.lab``: the lab — the launcher, the models, the strategies (``parlab.lab.parallel``), the
+  instruments that attach to them from outside (``parlab.lab.measure``), the plots, chapter 08's job;
+- ``parlab.decide``: the decision tools — the guide's rules (``advice``), the planner, the widgets;
+- ``parlab.course``: the course's machinery — running chapters, their sizes and times, the magic, the
+  exercises' checks, the experiments chapters run, the ``parlab`` command.
 """
 
-from parlab.launch import LaunchError, RankCrashedError, RankError, RankTimeoutError, launch
-from parlab.measure import Timeline, count_params, estimate_memory, measure_memory, record_comm
-from parlab.runtime import device, local_rank, rank, world_size
+from parlab.lab.launch import LaunchError, RankCrashedError, RankError, RankTimeoutError, launch
+from parlab.lab.measure import Timeline, count_params, estimate_memory, measure_memory, record_comm
+from parlab.lab.runtime import device, local_rank, rank, world_size
 
 __version__ = "0.1.0"
 
@@ -19,6 +27,6 @@ __all__ = ["launch", "rank", "world_size", "local_rank", "device", "LaunchError"
 
 def load_ipython_extension(ipython):
     """``%load_ext parlab``: registers the ``%%ranks`` cell magic."""
-    from parlab.magic import register
+    from parlab.course.magic import register
 
     register(ipython)

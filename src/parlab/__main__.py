@@ -2,6 +2,6 @@
 
 import sys
 
-from parlab.cli import main
+from parlab.course.cli import main
 
 sys.exit(main())

@@ -1,0 +1,154 @@
+"""Chapter 06's exercises: pipeline schedules, their bubble and their memory, checked against the package's
+schedules (``parlab.lab.parallel.pipeline_schedule``) over many settings, naming the first difference; and two
+"think" questions, checked by the simulator's numbers and a choice (what messages cost, how far to
+interleave)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _name, check_choice, refusing
+
+
+def check_one_f_one_b_order(fn) -> Passed:
+    """``fn(stage, num_stages, num_micro_batches)`` → the operations that stage runs in one step of 1F1B, in
+    order, as names: ``["F0", "F1", "B0", ...]``. Checked for every stage of 1 to 6 stages and 1 to 9
+    micro-batches, fewer micro-batches than stages included, and of three settings drawn anew at every call
+    (7 to 12 stages, 1 to 24 micro-batches)."""
+    import random
+
+    from parlab.lab.parallel import pipeline_schedule as ps
+
+    draw = random.Random()  # and settings new at every call: a table of the fixed grid's orders fails
+    settings = [(p, m) for p in range(1, 7) for m in range(1, 10)]
+    settings += [(draw.randrange(7, 13), draw.randrange(1, 25)) for _ in range(3)]
+    for p, m in settings:
+        schedule = ps.one_f_one_b(p, m)
+        for stage in range(p):
+            expected = schedule.names(stage)
+            with refusing("ch06.1", "the exercise asks for 1F1B's order written out, without "
+                          "parlab.lab.parallel.pipeline_schedule's schedules: count the warm-up forwards first"):
+                got = _call(fn, stage=stage, num_stages=p, num_micro_batches=m)
+            got_list = list(got) if isinstance(got, (list, tuple)) else got
+            if got_list != expected:
+                where = (f"stage {stage} of {p}, {m} micro-batch{'es' if m > 1 else ''}")
+                if not isinstance(got_list, list):
+                    raise ExerciseFailed(f"{_name(fn)}({where}): expected a list of names like 'F0', got {got!r:.80}")
+                i = next((i for i, (a, b) in enumerate(zip(got_list, expected)) if a != b),
+                         min(len(got_list), len(expected)))
+                said = repr(got_list[i]) if i < len(got_list) else "nothing (the list ends)"
+                wanted = repr(expected[i]) if i < len(expected) else "nothing (the list should end)"
+                raise ExerciseFailed(f"{_name(fn)} for {where}: operation {i} should be {wanted}, got {said} "
+                                     f"(yours: {' '.join(map(str, got_list))})")
+    return Passed(f"{_name(fn)} gives 1F1B's order for every stage of 1–6 stages and 1–9 micro-batches, and of "
+                  f"3 settings drawn anew ({', '.join(f'p={p}, m={m}' for p, m in settings[-3:])})")
+
+
+def _smallest_m(p, target, v=1):
+    # exact arithmetic: (p−1)/(v·m+p−1) ≤ target, with target taken as the float it is
+    t = Fraction(target)
+    m = 1
+    while Fraction(p - 1, v * m + p - 1) > t:
+        m += 1
+    return m
+
+
+def check_smallest_micro_batches(fn) -> Passed:
+    """``fn(p, target, v=1)`` → the smallest number of micro-batches m ≥ 1 whose bubble,
+    (p − 1)/(v·m + p − 1), is at most ``target`` (a fraction of the step, e.g. 0.1). Includes targets met
+    exactly, where rounding in floating point gives the wrong m."""
+    cases = [dict(p=p, target=t) for p in (1, 2, 4, 5, 8, 16) for t in (0.5, 0.25, 0.2, 0.1, 0.05)]
+    cases += [dict(p=p, target=t, v=v) for p in (4, 8) for t in (0.2, 0.1) for v in (2, 3)]
+    for case in cases:
+        expected = _smallest_m(**case)
+        with refusing("ch06.2", "the exercise asks for the bubble's inequality solved yourself, not the check's own "
+                      "answer"):
+            got = _call(fn, **case)
+        if got != expected:
+            args = ", ".join(f"{k}={v!r}" for k, v in case.items())
+            v = case.get("v", 1)
+            hint = ""
+            if isinstance(got, int) and got >= 1:
+                hint = (f" (with m={got} the bubble is {(case['p'] - 1) / (v * got + case['p'] - 1):.4f}; "
+                        f"with m={expected}, {(case['p'] - 1) / (v * expected + case['p'] - 1):.4f})")
+            raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected}, got {got!r:.40}{hint}")
+    return Passed(f"{_name(fn)} finds the smallest m in all {len(cases)} cases")
+
+
+def _peak(ops):
+    from parlab.lab.parallel.pipeline_schedule import Op, Schedule, in_flight
+
+    parsed = [Op.parse(name, stage=0) for name in ops]
+    m = 1 + max(op.micro_batch for op in parsed)
+    return max(in_flight(Schedule("yours", 1, m, 1, [parsed]), 0), default=0)
+
+
+def check_peak_activations(fn) -> Passed:
+    """``fn(ops)`` → the most micro-batches whose activations a stage holds at once while it runs ``ops``
+    (names in order, e.g. ``["F0", "F1", "B0", ...]``), where a split backward ``I3``, ``W3`` frees
+    micro-batch 3's activations only with its ``W`` (the weight gradient still needs the inputs)."""
+    from parlab.lab.parallel import pipeline_schedule as ps
+
+    cases = [ps.gpipe(4, 6).names(1), ps.one_f_one_b(4, 6).names(0), ps.one_f_one_b(4, 6).names(3),
+             ["F0", "I0", "F1", "W0", "I1", "F2", "W1", "I2", "W2"],
+             ["F0", "F1", "I0", "I1", "F2", "W0", "I2", "W1", "W2"],
+             ["F0", "B0", "F1", "F2", "I1", "W1", "B2"]]
+    for ops in cases:
+        expected = _peak(ops)
+        with refusing("ch06.3", "the exercise asks you to count the activations yourself, without "
+                      "parlab.lab.parallel.pipeline_schedule's in_flight: which ops hold, which free?"):
+            got = _call(fn, ops=list(ops))
+        if got != expected:
+            raise ExerciseFailed(f"{_name(fn)}({' '.join(ops)}): expected {expected}, got {got!r:.40}")
+    return Passed(f"{_name(fn)} agrees on all {len(cases)} operation lists")
+
+
+# -- think: what messages and interleaving cost (checked through the simulator's numbers) -----------------
+
+#: exercise 4: why a recorded bubble at large m exceeds the simulated one on this machine
+MESSAGE_CHOICES = {
+    "a": "each message costs a fixed time (chapter 02's α) while the operations shrink as m grows",
+    "b": ("more micro-batches mean more activations to hold, and memory is slow",
+          "1F1B holds at most p micro-batches' activations whatever m is: memory does not grow with m."),
+    "c": ("the formula (p − 1)/(m + p − 1) is wrong for large m",
+          "The simulator with comm=0 gives the formula exactly; what does comm=1 add to every boundary?"),
+}
+#: exercise 5: where to stop raising v
+INTERLEAVE_CHOICES = {
+    "a": "when the bubble saved is smaller than the time of the extra messages (v·p − 1 boundaries per micro-batch)",
+    "b": ("never: a larger v always gives a shorter step",
+          "The bubble shrinks with v, but each micro-batch crosses v·p − 1 boundaries: what do they cost?"),
+    "c": ("at v = 2, because PyTorch supports no more",
+          "PyTorch's ScheduleInterleaved1F1B takes any number of stages per rank."),
+}
+
+
+def _near(what, got, want, tol=0.005):
+    if not isinstance(got, (int, float)) or abs(got - want) > tol:
+        raise ExerciseFailed(f"{what}: {got!r:.40} is not what the simulator gives (within {tol}); run ps.simulate "
+                             f"with those settings and read ps.bubble_fraction")
+
+
+def check_message_cost(bubble_comm_1: float, why: str) -> Passed:
+    """Exercise 4: the simulated bubble of 1F1B at p = 4, m = 8, F = 1, B = 2 when every message between ranks
+    takes as long as a forward (``comm=1``), and the letter of :data:`MESSAGE_CHOICES` that answers why."""
+    from parlab.lab.parallel import pipeline_schedule as ps
+
+    _near("the bubble with comm=1", bubble_comm_1, ps.bubble_fraction(ps.simulate(ps.one_f_one_b(4, 8), comm=1)))
+    check_choice("why", why, MESSAGE_CHOICES, "a")
+    return Passed("messages that cost a forward each: the simulated bubble, and why small micro-batches pay")
+
+
+def check_interleave_tradeoff(bubble_v2: float, bubble_v4: float, peak_v2: int, peak_v4: int, stop: str) -> Passed:
+    """Exercise 5: interleaved 1F1B at p = 4, m = 8 with v = 2 and v = 4: the simulated bubbles, rank 0's peak
+    of (stage, micro-batch) activations held (each 1/v of a rank's layers), and where to stop
+    (:data:`INTERLEAVE_CHOICES`)."""
+    from parlab.lab.parallel import pipeline_schedule as ps
+
+    for v, bubble, peak in ((2, bubble_v2, peak_v2), (4, bubble_v4, peak_v4)):
+        schedule = ps.interleaved_1f1b(4, 8, v)
+        _near(f"the bubble at v={v}", bubble, ps.bubble_fraction(ps.simulate(schedule)))
+        if peak != ps.peak_in_flight(schedule)[0]:
+            raise ExerciseFailed(f"rank 0's peak at v={v}: {peak!r:.20} is not the simulator's (the widget prints it)")
+    check_choice("where to stop", stop, INTERLEAVE_CHOICES, "a")
+    return Passed("interleaving: the bubble shrinks with v, rank 0 holds more stages' activations, and messages set the limit")

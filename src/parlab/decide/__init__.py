@@ -1,0 +1,6 @@
+"""The decision tools: the guide's strategy rules (``advice``), the planner that prices a layout's
+step time and memory (``planner``, with context and expert parallelism in ``planner_axes``) and
+the widgets that put them in a notebook (``widgets``).
+
+The middle floor: it imports the lab (``parlab.lab``), never the course (``parlab.course``).
+"""

@@ -1,0 +1,9 @@
+"""The launcher: run a notebook cell's code on N ranks (chapter 00). Nothing else reaches inside."""
+
+from parlab.lab.launch._zygote import preload, shutdown
+from parlab.lab.launch.errors import LaunchError, RankCrashedError, RankError, RankTimeoutError
+from parlab.lab.launch.launcher import launch
+from parlab.lab.launch.plan import Plan, make_plan
+
+__all__ = ["launch", "make_plan", "Plan", "preload", "shutdown", "LaunchError", "RankError", "RankCrashedError",
+           "RankTimeoutError"]

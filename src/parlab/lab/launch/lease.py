@@ -1,0 +1,278 @@
+"""Which GPUs a launch may use, on one machine shared by several learners (the workshop guide).
+
+Without ``PARLAB_GPUS`` a launch uses the GPUs this process sees (``CUDA_VISIBLE_DEVICES``), as on a
+machine of one's own. With it, every GPU launch *leases* ``world_size`` GPUs from a pool, for as long as
+its ranks run, and no two launches on the machine hold the same GPU at once:
+
+- ``PARLAB_GPUS=2,3``: the pool is GPUs 2 and 3 (numbered as ``nvidia-smi`` numbers them), e.g. the
+  pair an instructor gave this learner. Where a spawner (JupyterHub, SLURM, a container runtime) has set
+  ``CUDA_VISIBLE_DEVICES`` already, the numbers count *within the GPUs it lists*, as CUDA numbers them in
+  this process: under ``CUDA_VISIBLE_DEVICES=4,5,6,7``, ``PARLAB_GPUS=2,3`` is the machine's GPUs 6 and 7,
+  and a number past the list is an error, so a lease never escapes the spawner's restriction;
+- ``PARLAB_GPUS=auto``: the pool is every GPU this process sees; a launch takes any free ones.
+
+A lease is an exclusive ``flock`` on one file per GPU in ``PARLAB_GPU_LOCKS`` (default
+``/tmp/parlab-gpus``), shared by every user on the machine. The operating system drops a flock when the
+process holding it ends, however it ends (a crashed or killed kernel too), so a GPU is never left locked
+by a process that is gone. The ranks see only the leased GPUs (``CUDA_VISIBLE_DEVICES``), so rank ``r``
+still computes on ``cuda:r``. When too few GPUs of the pool are free, the launch waits up to
+``PARLAB_GPU_WAIT`` seconds (default 600), saying who holds them, then fails naming them. Each lock file
+records its holder (user, process, since when, which notebook); ``parlab check`` shows it.
+
+The pool's size comes from an injectable device count, so all of this is tested without GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import getpass
+import json
+import os
+import re
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+from parlab.lab.launch.errors import LaunchError
+
+DEFAULT_LOCK_DIR = "/tmp/parlab-gpus"
+DEFAULT_WAIT = 600.0
+POLL = 0.5  # seconds between attempts while waiting for GPUs (a lock can be waited on, a set of them cannot)
+
+
+def _torch_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def requested(env=None) -> str | None:
+    """``PARLAB_GPUS`` as set (stripped), or None when leasing is off."""
+    value = (env if env is not None else os.environ).get("PARLAB_GPUS", "").strip()
+    return value or None
+
+
+def pool(env=None, device_count=None) -> list[str] | None:
+    """The GPUs this process may lease from, as ``CUDA_VISIBLE_DEVICES`` names them (indices, or UUIDs);
+    None when ``PARLAB_GPUS`` is unset (no leasing: every visible GPU, as before)."""
+    env = env if env is not None else os.environ
+    value = requested(env)
+    if value is None:
+        return None
+    device_count = device_count or _torch_device_count
+    if value == "auto":
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:  # "" (a CPU-mode process) is a pool of none
+            return [t.strip() for t in visible.split(",") if t.strip()]
+        return [str(i) for i in range(device_count())]
+    tokens = [t.strip() for t in value.split(",")]
+    if not all(re.fullmatch(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+", t) for t in tokens) or len(set(tokens)) != len(tokens):
+        raise ValueError(f"PARLAB_GPUS must be 'auto' or a comma-separated list of distinct GPU numbers as "
+                         f"nvidia-smi shows them (e.g. '2,3'); got {value!r}")
+    if "CUDA_VISIBLE_DEVICES" in env:  # a spawner's list: the numbers index it (what CUDA calls 0, 1, ...)
+        visible = [t.strip() for t in env["CUDA_VISIBLE_DEVICES"].split(",") if t.strip()]
+        missing = [t for t in tokens if not t.isdigit() or int(t) >= len(visible)]
+        if missing:
+            raise ValueError(f"PARLAB_GPUS={value!r} names GPU {', '.join(missing)}, but CUDA_VISIBLE_DEVICES="
+                             f"{env['CUDA_VISIBLE_DEVICES']!r} lets this process see {len(visible)} GPU(s), numbered "
+                             f"0..{len(visible) - 1} in the order it lists them" if visible else
+                             f"PARLAB_GPUS={value!r} names GPUs, but CUDA_VISIBLE_DEVICES is empty: this process "
+                             f"may see no GPU")
+        return [visible[int(t)] for t in tokens]
+    count = device_count()  # the numbers are then the machine's own: check they exist
+    missing = [t for t in tokens if t.isdigit() and int(t) >= count]
+    if missing:
+        raise ValueError(f"PARLAB_GPUS={value!r} names GPU {', '.join(missing)}, but this machine has "
+                         f"{count} GPU(s), numbered 0..{count - 1}" if count else
+                         f"PARLAB_GPUS={value!r} names GPUs, but this machine has none")
+    return tokens
+
+
+def pool_size(env=None, device_count=None) -> int:
+    """How many GPUs a launch may use: the pool's size when leasing, else every visible GPU."""
+    gpus = pool(env, device_count)
+    return (device_count or _torch_device_count)() if gpus is None else len(gpus)
+
+
+def lock_dir(env=None) -> str:
+    return (env if env is not None else os.environ).get("PARLAB_GPU_LOCKS") or DEFAULT_LOCK_DIR
+
+
+@dataclass
+class Lease:
+    """GPUs held for one launch; ``env`` is what the ranks' environment needs to see only them."""
+
+    gpus: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    _fds: list[int] = field(default_factory=list, repr=False)
+
+    def release(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # no stale holder once free
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing drops the flock
+        self._fds.clear()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def acquire(world_size: int, *, env=None, device_count=None, wait: float | None = None,
+            what: str = "", echo=None) -> Lease:
+    """Lease ``world_size`` GPUs from the pool, waiting up to ``wait`` seconds for them to be free.
+
+    Without ``PARLAB_GPUS``: an empty lease (every visible GPU, nothing locked). Raises
+    :class:`LaunchError` naming the holders when the GPUs stay taken.
+    """
+    env = env if env is not None else os.environ
+    gpus = pool(env, device_count)
+    if gpus is None:
+        return Lease()
+    if world_size > len(gpus):
+        raise LaunchError(f"world_size={world_size} needs {world_size} GPUs, but PARLAB_GPUS={requested(env)!r} "
+                          f"gives this session {len(gpus)} ({', '.join(gpus) or 'none'})")
+    wait = float(env.get("PARLAB_GPU_WAIT", DEFAULT_WAIT)) if wait is None else wait
+    echo = echo if echo is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    folder = lock_dir(env)
+    _make_lock_dir(folder)
+    deadline, told = time.monotonic() + wait, False
+    while True:
+        fds, got = [], []
+        try:
+            for gpu in gpus:
+                fd = _try_lock(_lock_path(folder, gpu))
+                if fd is not None:
+                    fds.append(fd)
+                    got.append(gpu)
+                    if len(got) == world_size:
+                        break
+        except BaseException:
+            Lease(_fds=fds).release()
+            raise
+        if len(got) == world_size:
+            break
+        # Never keep part of a set while waiting: two launches each holding half would wait for each other.
+        Lease(_fds=fds).release()
+        holders = {g: h for g, h in holders_of(gpus, folder).items() if h is not None}
+        if time.monotonic() >= deadline:
+            raise LaunchError(f"{world_size} free GPU(s) needed from PARLAB_GPUS={requested(env)!r} "
+                              f"({', '.join(gpus)}), but for {wait:g} s only {len(gpus) - len(holders)} were "
+                              f"free. {_describe_holders(holders)} Wait for them, or ask for fewer ranks; "
+                              f"PARLAB_GPU_WAIT sets how long to wait.")
+        if not told:
+            echo(f"parlab: waiting for {world_size} free GPU(s) of {', '.join(gpus)} "
+                 f"(up to {wait:g} s). {_describe_holders(holders)}")
+            told = True
+        time.sleep(POLL)
+    holder = {"user": _user(), "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+              "gpus": got, "what": what, "notebook": env.get("JPY_SESSION_NAME", "")}
+    for fd in fds:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+    # CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi and the lock files go by PCI bus.
+    lease_env = {"CUDA_VISIBLE_DEVICES": ",".join(got),
+                 "CUDA_DEVICE_ORDER": env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")}
+    return Lease(got, lease_env, fds)
+
+
+def holders_of(gpus=None, folder=None) -> dict[str, dict | None]:
+    """Who holds each GPU's lock now: ``{gpu: holder or None}``; by default every GPU that has a lock file."""
+    folder = folder or lock_dir()
+    if gpus is None:
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return {}
+        gpus = sort_gpus(n[len("gpu-"):-len(".lock")] for n in names if n.startswith("gpu-") and n.endswith(".lock"))
+    out = {}
+    for gpu in gpus:
+        path = _lock_path(folder, gpu)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            out[gpu] = None
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # someone holds it: read who
+                try:
+                    out[gpu] = json.loads(os.pread(fd, 4096, 0) or b"{}") or {"user": "?"}
+                except ValueError:
+                    out[gpu] = {"user": "?"}  # the holder is writing its name right now
+            else:
+                out[gpu] = None
+        finally:
+            os.close(fd)
+    return out
+
+
+def sort_gpus(gpus) -> list[str]:
+    """Numbers in numeric order (2 before 10), then UUIDs."""
+    return sorted(set(gpus), key=lambda g: (not g.isdigit(), int(g) if g.isdigit() else 0, g))
+
+
+def describe_holder(holder: dict) -> str:
+    since = time.strftime("%H:%M:%S", time.localtime(holder["since"])) if "since" in holder else "?"
+    where = f", {os.path.basename(holder['notebook'])}" if holder.get("notebook") else ""
+    what = f", {holder['what']}" if holder.get("what") else ""
+    return f"{holder.get('user', '?')} (pid {holder.get('pid', '?')}{what}{where}, since {since})"
+
+
+def _describe_holders(holders: dict) -> str:
+    if not holders:
+        return "No holder recorded yet."
+    return "Held: " + "; ".join(f"GPU {g} by {describe_holder(h)}" for g, h in holders.items()) + "."
+
+
+def _lock_path(folder: str, gpu: str) -> str:
+    return os.path.join(folder, f"gpu-{gpu.replace('/', '_')}.lock")
+
+
+def _make_lock_dir(folder: str) -> None:
+    try:
+        os.makedirs(folder)
+    except FileExistsError:
+        return
+    with contextlib.suppress(PermissionError):
+        os.chmod(folder, 0o1777)  # every learner on the machine locks here; like /tmp, none may delete another's file
+
+
+def _try_lock(path: str) -> int | None:
+    """An fd holding an exclusive flock on ``path``, or None when another process holds it."""
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # a planted symlink must not make us truncate its target
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+                with contextlib.suppress(PermissionError):
+                    os.fchmod(fd, 0o666)  # the umask would keep other learners from recording themselves
+            except FileExistsError:  # another learner created it a moment ago; open theirs (in a sticky
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # folder, O_CREAT on another's file is refused)
+    except OSError as exc:
+        raise LaunchError(f"cannot open the GPU lock file {path} ({exc.strerror}): every learner must be able to "
+                          f"write it. Its owner can `chmod 666` it, or set PARLAB_GPU_LOCKS to a folder everyone "
+                          f"can write (mode 1777).") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    return fd
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())

@@ -38,7 +38,7 @@ def test_main_path_within_limits(path):
 def test_sizes_count_what_they_should(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# Title\nfour words of text"),
-        nbformat.v4.new_code_cell("import parlab.course.reading\n\nx = 1\nparlab.reading.show_source(parlab.course.reading.table)"),
+        nbformat.v4.new_code_cell("import parlab.course.reading\n\nx = 1\nparlab.course.reading.show_source(parlab.course.reading.table)"),
         nbformat.v4.new_markdown_cell("## Under the hood\nproof"),
         nbformat.v4.new_code_cell("y = 2"),
     ])

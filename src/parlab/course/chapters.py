@@ -153,7 +153,7 @@ def _recording_asserts(notebook, record_asserts):
     record_path.parent.mkdir(parents=True, exist_ok=True)
     record_path.write_text("")
     cell = nbformat.v4.new_code_cell(
-        f"import parlab.course.chapters\nparlab.course.record_asserts(get_ipython(), {str(record_path)!r})")
+        f"import parlab.course.chapters\nparlab.course.chapters.record_asserts(get_ipython(), {str(record_path)!r})")
     cell.metadata["tags"] = [RECORD_TAG]
     notebook.cells.insert(0, cell)
     return notebook

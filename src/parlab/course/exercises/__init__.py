@@ -21,7 +21,9 @@
 
 Each check passes the reference answer and fails a planted wrong one with a precise message
 (``tests/test_exercises.py``). The chapters do not contain the answers; their solutions sit in collapsed
-``solution`` cells that only define them. A new chapter adds its own module here and one import line below.
+``solution`` cells that only define them. A new check goes in its chapter's module, its name in ``_WHERE``
+below (and in ``__all__``), the package functions that answer it in ``core.ANSWERS``, and a planted wrong
+answer in ``tests/test_exercises.py``.
 """
 
 import importlib

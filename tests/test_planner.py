@@ -610,13 +610,13 @@ def test_megatron_keeps_fp32_gradients_and_zero3_its_working_set():
     w = planner.Workload("Llama 2 13B", global_batch=8, seq_len=1024)
     cluster = planner.cluster_of("nvlink")
     ddp = {impl: planner.predict(w, planner.Layout(dp=8), cluster, implementation=impl).memory
-           for impl in ("megatron", "deepspeed")}
-    assert ddp["megatron"].model_states - ddp["deepspeed"].model_states == pytest.approx(2 * w.num_params, rel=1e-6)
+           for impl in ("megatron", "course")}
+    assert ddp["megatron"].model_states - ddp["course"].model_states == pytest.approx(2 * w.num_params, rel=1e-6)
     # fp16: Megatron-LM keeps fp16 gradients (accumulate_allreduce_grads_in_fp32 is forced for bf16 only), in
     # memory and on the wire: Narayanan et al. 2021's --fp16 runs reduce half the bytes of a bf16 run
     fp16 = replace(w, precision="fp16")
     assert (planner.predict(fp16, planner.Layout(dp=8), cluster).memory.model_states
-            == ddp["deepspeed"].model_states)
+            == ddp["course"].model_states)
     wire = {x.precision: planner.predict(x, planner.Layout(dp=8), cluster).bytes_by_axis["dp"] for x in (w, fp16)}
     assert wire["bf16"] == pytest.approx(2 * wire["fp16"]) == pytest.approx(4 * w.num_params)
     assert all(run.precision == "fp16" for run in planner.CALIBRATION_RUNS[:4] + planner.HELD_OUT_RUNS[:4])
@@ -685,3 +685,49 @@ def test_table_2_rows_that_chose_nothing_are_within_the_band():
     u = planner.baseline_utilization()
     trivial = [planner.baseline_step(run, u) / run.step_s for run in (zero3, three_d)]
     assert trivial[0] / trivial[1] < 0.75  # the trivial model's ZeRO-3 row is far too fast beside its 3-D row
+
+
+def test_zero2_beside_a_pipeline_is_refused_and_never_offered():
+    """No implementation runs ZeRO-2 beside a pipeline (DeepSpeed's PipelineEngine asserts zero stage < 2;
+    Megatron-LM's distributed optimizer and FSDP2 under pipelining keep whole gradients), nor DeepSpeed's
+    ZeRO-3: predict refuses them with the reason, candidates leaves them out; without a pipeline they stay."""
+    w = planner.Workload("Llama 2 70B", global_batch=64, seq_len=2048, checkpointing=True)
+    cluster = planner.cluster_of("nvlink", 4)
+    with pytest.raises(ValueError, match="ZeRO-2 beside a pipeline.*PipelineEngine"):
+        planner.predict(w, planner.Layout(pp=4, dp=8, zero_stage=2), cluster)
+    with pytest.raises(ValueError, match="DeepSpeed's PipelineEngine asserts zero stage < 2"):
+        planner.predict(w, planner.Layout(pp=4, dp=8, zero_stage=3), cluster, implementation="deepspeed")
+    fsdp = planner.predict(w, planner.Layout(pp=4, dp=8, zero_stage=3), cluster)  # FSDP2 under pipelining
+    one = planner.predict(w, planner.Layout(pp=4, dp=8, zero_stage=1), cluster)
+    assert fsdp.memory.model_states == one.memory.model_states  # whole gradients: ZeRO-1's memory
+    for impl in ("megatron", "deepspeed"):
+        offered = {p.layout for p in planner.candidates(w, cluster, implementation=impl)}
+        assert not any(l.pp > 1 and l.dp > 1 and l.zero_stage == 2 for l in offered)
+        assert any(l.pp == 1 and l.zero_stage == 2 for l in offered)
+        assert any(l.pp > 1 and l.zero_stage == 3 for l in offered) == (impl == "megatron")
+
+
+def test_deepspeed_bf16_optimizer_keeps_fp32_gradients_as_bloom_ran():
+    """BLOOM's tr11 ran Megatron-DeepSpeed's BF16_Optimizer (bf16, ZeRO-1): gradients accumulate in fp32 and
+    are all-reduced so, as Megatron-LM's bf16 does; DeepSpeed's ZeRO-2/3 and any fp16 run keep 16-bit ones.
+    §5's BLOOM row and §6's BLOOM scenario so hold the same 18 bytes per parameter."""
+    w = planner.Workload("Llama 2 13B", global_batch=8, seq_len=1024)
+    assert [w.grad_bytes("deepspeed", z) for z in (0, 1, 2, 3)] == [4, 4, 2, 2]
+    assert [w.grad_bytes(impl, 1) for impl in planner.IMPLEMENTATIONS] == [4, 4, 2]
+    assert replace(w, precision="fp16").grad_bytes("deepspeed", 1) == 2
+    bloom = planner.CALIBRATION_RUNS[4]
+    p, layout = bloom.predict(), bloom.layout
+    assert bloom.implementation == "deepspeed" and layout.zero_stage == 1 and p.fits
+    assert p.bytes_by_axis["dp"] == pytest.approx(max(planner.stage_params(bloom.workload(), layout.pp)) / layout.tp
+                                                  * (4 + 2))  # fp32 reduce-scatter, bf16 all-gather
+    megatron = bloom.predict(implementation="megatron").memory.model_states
+    assert p.memory.model_states == megatron and 45e9 < p.memory.total < 48e9
+
+
+def test_sequence_parallelism_shrinks_the_memory_bound_time_as_it_does_the_activations():
+    """The norms, dropout and residual adds SP splits over the tp ranks read and write 1/t of the bytes."""
+    w = planner.Workload("Llama 2 13B", global_batch=8, seq_len=4096, checkpointing=True)
+    sp = replace(w, sequence_parallel=True)
+    assert sp.layer_bytes(8) < 0.6 * w.layer_bytes(8) and sp.layer_bytes(1) == w.layer_bytes(1)
+    cluster, tp8 = planner.cluster_of("nvlink"), planner.Layout(tp=8)
+    assert planner.predict(sp, tp8, cluster).parts["compute"] < planner.predict(w, tp8, cluster).parts["compute"]

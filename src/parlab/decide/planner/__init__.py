@@ -38,7 +38,8 @@ ZeRO stage hides; every collective call pays its ring's latency floor, (n − 1)
 sequence per GPU over a 1,536-rank ring no longer hides (DeepSpeed's of 2021 gathered tensor by tensor, and
 again for the recomputed forward where a layer exceeds its reuse distance: :func:`deepspeed_backward_gathers`). Memory per rank is :func:`parlab.lab.measure.estimate_memory` (chapter 01)
 for the heaviest stage, with the implementation's gradient dtype (Megatron-LM in bf16: fp32, 18 bytes per
-parameter; in fp16: fp16) and ZeRO-3's working set (:func:`zero3_working_set`). ``predict(..., without=(term,))`` leaves
+parameter; in fp16: fp16; DeepSpeed's BF16_Optimizer: fp32), refusing the ZeRO stages no implementation runs
+beside a pipeline (:func:`unsupported`) and ZeRO-3's working set (:func:`zero3_working_set`). ``predict(..., without=(term,))`` leaves
 one cost term out (:data:`TERMS`), so that a test can show what each adds. MFU (model FLOPs, no
 recomputation) and HFU (what executes) are reported. The runs it is checked against
 (``tests/test_planner.py``, ``docs/planner.md``): :data:`CALIBRATION_RUNS` fitted :data:`UTILIZATION`,
@@ -60,7 +61,7 @@ from parlab.decide.planner.hardware import (A100, BUCKET_BYTES, GPU, H100, H100_
 from parlab.decide.planner.data_parallel import IMPLEMENTATIONS, RESHARDS, STRATEGIES, ddp_buckets, predict_dp_step, zero3_step
 from parlab.decide.planner.workload import ATTENTIONS, RECOMPUTES, Layout, Workload, root_params, stage_layers, stage_params
 from parlab.decide.planner.memory import stage_memory, zero3_working_set
-from parlab.decide.planner.step import TERMS, Prediction, deepspeed_backward_gathers, predict
+from parlab.decide.planner.step import TERMS, Prediction, deepspeed_backward_gathers, predict, unsupported
 from parlab.decide.planner.search import candidates, layout_of
 from parlab.decide.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H100_HELD_OUT_RUNS, HELD_OUT_RUNS,
                                       OUT_OF_SAMPLE_RUNS, PUBLISHED_RUNS, PublishedRun,
@@ -70,4 +71,4 @@ __all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRA
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
            "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds", "deepspeed_backward_gathers",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",
-           "root_params", "stage_layers", "stage_memory", "stage_params", "zero3_step"]
+           "root_params", "stage_layers", "stage_memory", "stage_params", "unsupported", "zero3_step"]

@@ -116,8 +116,9 @@ def zero3_step(costs: dict, num_bytes: float, world_size: int, forward_s: float,
     ``reshard``: when it frees the gathered weights (:data:`RESHARDS`).
 
     Each stage-3 collective pays its ring's latency floor, (n − 1)·α per call whatever its size
-    (:func:`~parlab.decide.planner.hardware.ring_costs`): at 1,536 ranks over InfiniBand, 7.7 ms, as long as a
-    GPT-3 layer's forward at one sequence per GPU. ``gathers_per_block``: the calls that gather one block
+    (:func:`~parlab.decide.planner.hardware.ring_costs`): at 1,536 ranks over InfiniBand, 7.7 ms, a sixth of
+    a GPT-3 layer's forward at one sequence per GPU (about 42 ms on an A100), so that DeepSpeed's 12 calls a
+    layer (one per tensor) outlast it. ``gathers_per_block``: the calls that gather one block
     (FSDP2: 1, its parameters flattened into one all-gather; DeepSpeed's ZeRO-3 of 2021: one per parameter
     tensor). ``prefetch``: the next block's gather runs beside this block's computation, so the longer of
     the two counts; ``False`` (a block too large for the implementation's prefetch buffer) makes them add.

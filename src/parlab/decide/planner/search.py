@@ -16,7 +16,9 @@ def candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), c
     TP divides the heads and may span up to four nodes (tried, and priced at the links it crosses); PP is
     any number of stages up to the layers (uneven stages: :func:`stage_layers`); the batch must divide into
     whole micro-batches per replica. ``chunks``: the interleaving depths to try beside a pipeline (each
-    where every chunk keeps a layer: :func:`~parlab.decide.planner.step.predict`); ``options`` go to ``predict``
+    where every chunk keeps a layer: :func:`~parlab.decide.planner.step.predict`); a ZeRO stage that no
+    implementation runs beside a pipeline is left out (:func:`~parlab.decide.planner.step.unsupported`);
+    ``options`` go to ``predict``
     (``implementation``, ``reshard``, ``tp_overlap``, ``without``)."""
     return _candidates(workload, cluster, zero_stages, chunks, **options)
 
@@ -32,7 +34,9 @@ def _candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), 
             if workload.global_batch % (dp * workload.micro_batch):
                 continue
             smallest = min(stage_layers(workload, pp))
-            for stage in zero_stages if dp > 1 else (0,):
+            for stage in (z for z in (zero_stages if dp > 1 else (0,))
+                          if not step.unsupported(Layout(dp=dp, pp=pp, zero_stage=z),
+                                                  options.get("implementation", "megatron"))):
                 for v in (c for c in chunks if c == 1 or 1 < pp and c <= smallest):
                     out.append(step._predict(workload, Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage), cluster,
                                              chunks=v, **options))

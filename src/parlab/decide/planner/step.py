@@ -84,7 +84,9 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     ``torch.distributed.pipelining`` runs FSDP2 (``"after_step"``), else FSDP2's default (``"after_forward"``).
     The implementation and precision also set the gradients' dtype, in memory and in the bytes reduced
     (:meth:`Workload.grad_bytes`): Megatron-LM in bf16 keeps and reduces them in fp32 (18 bytes per
-    parameter), in fp16 in fp16; DeepSpeed and the course in the compute dtype. ZeRO-3 is FSDP2's (one all-gather per block, the next
+    parameter), in fp16 in fp16; DeepSpeed's BF16_Optimizer (bf16, stage 0 or 1) in fp32 too; DeepSpeed's
+    ZeRO-2/3 and the course in the compute dtype. A ZeRO stage no implementation runs beside a pipeline
+    (:func:`unsupported`: ZeRO-2, and DeepSpeed's ZeRO-3) is refused. ZeRO-3 is FSDP2's (one all-gather per block, the next
     block prefetched) except under ``"deepspeed"``: DeepSpeed's ZeRO-3 as Narayanan et al. 2021 ran it, one
     all-gather per parameter tensor, prefetched only where a tensor fits its prefetch buffer
     (:data:`DEEPSPEED_PREFETCH_PARAMS`). ``chunks``: model chunks per pipeline rank (the interleaved 1F1B
@@ -101,7 +103,7 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
              reshard: str | None = None, chunks: int = 1, tp_overlap: bool = False, without=()) -> Prediction:
     """:func:`predict` itself: the checks, then the step part by part, the bytes and the memory."""
     w, off = workload, set(without)
-    m, stages, reshard, chunks, cluster = _checked(w, layout, cluster, reshard, chunks, off)
+    m, stages, reshard, chunks, cluster = _checked(w, layout, cluster, reshard, chunks, off, implementation)
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     # the slowest stage sets the pipeline's pace; the heaviest holds the most memory
     work = [n + (w.output_flops / w.layer_flops if s == pp - 1 else 0.0) for s, n in enumerate(stages)]
@@ -117,7 +119,7 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     forward_s = slots * (forward + tp_forward + p2p_s)
     backward_s = slots * (backward + tp_backward + p2p_s)
     optimizer_s = psi * OPTIMIZER_BYTES_PER_PARAM / cluster.gpu.memory_bandwidth
-    grad_value = w.grad_bytes(implementation)  # Megatron-LM in bf16: fp32; in fp16: fp16
+    grad_value = w.grad_bytes(implementation, layout.zero_stage)  # Megatron-LM, DeepSpeed's BF16_Optimizer: fp32
     zero3, deepspeed3 = layout.zero_stage == 3, layout.zero_stage == 3 and implementation == "deepspeed"
     prefetch = not deepspeed3 or w.layer_tensors[1] / tp <= DEEPSPEED_PREFETCH_PARAMS
     if dp > 1 and "dp" not in off:
@@ -151,7 +153,29 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
                       chunks)
 
 
-def _checked(w: Workload, layout: Layout, cluster: Cluster, reshard, chunks, off):
+def unsupported(layout: Layout, implementation: str = "megatron") -> str | None:
+    """Why no implementation runs ``layout``'s ZeRO stage beside its pipeline, or ``None`` if one does
+    (:func:`predict` refuses the first, :func:`~parlab.decide.planner.search.candidates` leaves it out).
+    ZeRO-2 shards the gradients, but beside a pipeline every implementation keeps them whole through the
+    step: DeepSpeed's ``PipelineEngine`` asserts a ZeRO stage below 2 (``deepspeed/runtime/pipe/engine.py``),
+    Megatron-LM's distributed optimizer keeps a whole gradient buffer (ZeRO-1), FSDP2 under
+    ``torch.distributed.pipelining`` keeps whole gradients until the last backward (chapter 07 §4), and the
+    course's ``parallelize`` has no ZeRO-2. DeepSpeed's ZeRO-3 does not run beside its pipeline either;
+    ZeRO-3 under ``"megatron"`` or ``"course"`` is FSDP2's, which does."""
+    if layout.pp == 1 or layout.dp == 1 or layout.zero_stage < 2:
+        return None
+    if layout.zero_stage == 2:
+        return (f"{layout}: ZeRO-2 beside a pipeline is run by no implementation priced here (DeepSpeed's "
+                f"PipelineEngine asserts zero stage < 2; Megatron-LM's distributed optimizer and FSDP2 under "
+                f"torch.distributed.pipelining keep whole gradients through the step, which is ZeRO-1's memory); "
+                f"use zero_stage=1, or 3 (FSDP2: implementation 'megatron' or 'course')")
+    if implementation == "deepspeed":
+        return (f"{layout}: DeepSpeed's PipelineEngine asserts zero stage < 2, so its ZeRO-3 does not run beside "
+                f"a pipeline; use zero_stage=1, or implementation='course' (FSDP2 under torch.distributed.pipelining)")
+    return None
+
+
+def _checked(w: Workload, layout: Layout, cluster: Cluster, reshard, chunks, off, implementation="megatron"):
     """(micro-batches per replica, layers per stage, reshard, chunks, cluster) once the arguments are checked;
     ``"latency"`` left out: the cluster's links with α = 0."""
     topo = layout.topology
@@ -162,6 +186,9 @@ def _checked(w: Workload, layout: Layout, cluster: Cluster, reshard, chunks, off
         raise ValueError(f"layout {layout} uses {topo.world_size} ranks; the cluster has {cluster.world_size}")
     if layout.zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={layout.zero_stage!r} must be 0, 1, 2 or 3")
+    why = unsupported(layout, implementation)
+    if why:
+        raise ValueError(why)
     if reshard is None:
         reshard = "after_step" if layout.pp > 1 else "after_forward"
     dp, pp = layout.dp, layout.pp

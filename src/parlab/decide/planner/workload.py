@@ -99,13 +99,18 @@ class Workload:
     def value_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
 
-    def grad_bytes(self, implementation: str) -> int:
-        """Bytes of one gradient value as ``implementation`` keeps and reduces it: Megatron-LM in bf16 forces
-        fp32 (its ``arguments.py``: "bfloat16 requires gradient accumulation and all-reduce to be done in
-        fp32", setting ``accumulate_allreduce_grads_in_fp32``), and in fp16 keeps them in fp16 (the flag's
-        default is off: Narayanan et al. 2021's ``--fp16`` runs); DeepSpeed and the course keep them in the
-        compute dtype."""
-        return 4 if implementation == "megatron" and self.precision == "bf16" else self.value_bytes
+    def grad_bytes(self, implementation: str, zero_stage: int = 0) -> int:
+        """Bytes of one gradient value as ``implementation`` keeps and reduces it under ZeRO ``zero_stage``:
+        Megatron-LM in bf16 forces fp32 (its ``arguments.py``: "bfloat16 requires gradient accumulation and
+        all-reduce to be done in fp32", setting ``accumulate_allreduce_grads_in_fp32``), and in fp16 keeps them
+        in fp16 (the flag's default is off: Narayanan et al. 2021's ``--fp16`` runs). DeepSpeed in bf16 at
+        stage 0 or 1 runs its ``BF16_Optimizer`` (``deepspeed/runtime/bf16_optimizer.py``, what BLOOM's tr11
+        ran under Megatron-DeepSpeed): gradients accumulate into fp32 copies (``fp32_groups_gradients``),
+        which are what it all-reduces (``get_grads_for_reduction``); at stages 2 and 3, and in fp16, DeepSpeed
+        keeps and reduces them in the compute dtype, as the course does."""
+        if self.precision != "bf16":
+            return self.value_bytes
+        return 4 if implementation == "megatron" or implementation == "deepspeed" and zero_stage <= 1 else 2
 
     @property
     def output_params(self) -> int:
@@ -132,9 +137,10 @@ class Workload:
         """Bytes one layer's forward saves for backward on one of ``tp`` ranks (chapter 01's estimator, for this
         architecture and ``attention``: eager keeps the s × s scores, sdpa does not). The layer's other work
         than its matrix products (norms, softmax, dropout, activation function, residual adds) reads and
-        writes about these bytes, and is bound by memory bandwidth, not FLOPs: :func:`predict` prices it so."""
+        writes about these bytes, and is bound by memory bandwidth, not FLOPs: :func:`predict` prices it so.
+        Under ``sequence_parallel`` that work is split over the tp ranks too, as its activations are."""
         return _layer_bytes(self.config.to_json_string(), self.kept_attention, self.seq_len, self.micro_batch,
-                            self.value_bytes, tp)
+                            self.value_bytes, tp, self.sequence_parallel and tp > 1)
 
     @property
     def layer_tensors(self) -> tuple[int, int]:
@@ -198,7 +204,8 @@ def _layer_tensors(config_json: str) -> tuple[int, int]:
 
 
 @functools.cache
-def _layer_bytes(config_json: str, attention, seq_len: int, micro_batch: int, value_bytes: int, tp: int) -> float:
+def _layer_bytes(config_json: str, attention, seq_len: int, micro_batch: int, value_bytes: int, tp: int,
+                 sequence_parallel: bool = False) -> float:
     from transformers import AutoConfig
 
     from parlab.lab.measure.activations import layer_terms
@@ -206,7 +213,7 @@ def _layer_bytes(config_json: str, attention, seq_len: int, micro_batch: int, va
 
     config = AutoConfig.for_model(**json.loads(config_json))
     arch = architecture(config, attention=attention)
-    return sum(t.per_rank(tp) for t in layer_terms(arch, seq_len, micro_batch, value_bytes, "cuda"))
+    return sum(t.per_rank(tp, sequence_parallel) for t in layer_terms(arch, seq_len, micro_batch, value_bytes, "cuda"))
 
 
 def stage_layers(workload: Workload, pp: int) -> tuple[int, ...]:

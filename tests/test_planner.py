@@ -687,6 +687,32 @@ def test_table_2_rows_that_chose_nothing_are_within_the_band():
     assert trivial[0] / trivial[1] < 0.75  # the trivial model's ZeRO-3 row is far too fast beside its 3-D row
 
 
+def test_mpt_30b_and_70b_chose_nothing_and_the_small_micro_batch_rows_miss():
+    """llm-foundry's H100 BF16 table, MPT 30B and 70B (FSDP FULL_SHARD, checkpointing), added after every
+    choice of the planner: out of sample. The rows with few accumulation steps of large micro-batches land
+    within 8 %; those with 16-21 steps of 4-8k tokens per GPU are 17-27 % fast, a documented miss
+    (docs/planner.md): the planner hides FSDP's per-micro-batch gathers behind compute, and priced
+    exposed (``without=("dp_overlap",)``) the 1k-4k 30B rows and the 70B one come within 6 %. The trivial model does better here."""
+    runs = {run.name: run for run in planner.H100_OUT_OF_SAMPLE_RUNS}
+    assert len(runs) == 8 and all(run.nodes_kind == "h100" for run in runs.values())
+    seventy = runs["MPT 70B, 32 GPUs"]  # 882 tokens/s per GPU, 2 × 16 sequences of 2048 per GPU
+    assert seventy.layout.dp == 32 and seventy.global_batch == 1024 and seventy.shape == (80, 8192, 64, 50368)
+    assert seventy.step_s == pytest.approx(1024 * 2048 / (32 * 882))
+    error = {n: r.predict().step_s / r.step_s - 1 for n, r in runs.items()}
+    assert all(r.predict().fits for r in runs.values())
+    near = ("MPT 30B, 2k, 16 GPUs", "MPT 30B, 2k, 32 GPUs", "MPT 70B, 64 GPUs")
+    assert all(-0.10 < error[n] < 0 for n in near), error
+    missed = ("MPT 30B, 1k tokens", "MPT 30B, 2k tokens", "MPT 30B, 4k tokens")
+    assert all(-0.20 < error[n] < -0.15 for n in missed), error  # inside the band, barely
+    assert -0.25 < error["MPT 70B, 32 GPUs"] < -0.20 and -0.30 < error["MPT 30B, 8k tokens"] < -0.25, error
+    exposed = {n: runs[n].predict(without=("dp_overlap",)).step_s / runs[n].step_s - 1
+               for n in missed + ("MPT 70B, 32 GPUs",)}
+    assert all(abs(e) < 0.06 for e in exposed.values()), exposed
+    u = planner.baseline_utilization(planner.H100_CALIBRATION_RUNS)
+    trivial = {n: planner.baseline_step(r, u) / r.step_s - 1 for n, r in runs.items()}
+    assert max(map(abs, trivial.values())) < 0.23 and all(abs(trivial[n]) < abs(error[n]) for n in missed)
+
+
 def test_zero2_beside_a_pipeline_is_refused_and_never_offered():
     """No implementation runs ZeRO-2 beside a pipeline (DeepSpeed's PipelineEngine asserts zero stage < 2;
     Megatron-LM's distributed optimizer and FSDP2 under pipelining keep whole gradients), nor DeepSpeed's

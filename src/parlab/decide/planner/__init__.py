@@ -45,7 +45,7 @@ recomputation) and HFU (what executes) are reported. The runs it is checked agai
 (``tests/test_planner.py``, ``docs/planner.md``): :data:`CALIBRATION_RUNS` fitted :data:`UTILIZATION`,
 :data:`H100_CALIBRATION_RUNS` fitted :data:`H100_UTILIZATION`; :data:`HELD_OUT_RUNS` and
 :data:`H100_HELD_OUT_RUNS` fitted nothing (the 1536-GPU ZeRO-3 row shaped a mechanism, though);
-:data:`OUT_OF_SAMPLE_RUNS` chose nothing at all.
+:data:`OUT_OF_SAMPLE_RUNS` and :data:`H100_OUT_OF_SAMPLE_RUNS` chose nothing at all.
 
 **The package, by idea:** :mod:`~parlab.decide.planner.hardware` (links, collectives, GPUs, clusters),
 :mod:`~parlab.decide.planner.workload` (a model, its batch, a layout), :mod:`~parlab.decide.planner.data_parallel` (what
@@ -63,11 +63,12 @@ from parlab.decide.planner.workload import ATTENTIONS, RECOMPUTES, Layout, Workl
 from parlab.decide.planner.memory import stage_memory, zero3_working_set
 from parlab.decide.planner.step import TERMS, Prediction, deepspeed_backward_gathers, predict, unsupported
 from parlab.decide.planner.search import candidates, layout_of
-from parlab.decide.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H100_HELD_OUT_RUNS, HELD_OUT_RUNS,
+from parlab.decide.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H100_HELD_OUT_RUNS,
+                                      H100_OUT_OF_SAMPLE_RUNS, HELD_OUT_RUNS,
                                       OUT_OF_SAMPLE_RUNS, PUBLISHED_RUNS, PublishedRun,
                                       baseline_step, baseline_utilization, calibrated_utilization, eq3_flops)
 
-__all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
+__all__ = ["ATTENTIONS", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_OUT_OF_SAMPLE_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
            "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds", "deepspeed_backward_gathers",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",

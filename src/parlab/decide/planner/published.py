@@ -123,14 +123,18 @@ def _korthikanti(name, recompute, mfu):
 
 MT_NLG = (105, 20480, 128, 51200)  # the 530B GPT of Korthikanti et al. 2022 (Table 3)
 
-def _mpt(name, seq_len, micro_batch, accumulation, tokens_per_gpu_s, checkpointing):
-    # MPT 7B (32 layers, d_model 4096, 32 heads, vocabulary 50,368; GELU MLP of 4·d, no biases) as a GPT-2
-    # of that shape; published tokens per second per GPU → seconds per step
-    batch = 8 * micro_batch * accumulation
-    return PublishedRun(name, (32, 4096, 32, 50368), Layout(dp=8, zero_stage=3), batch, micro_batch,
-                        batch * seq_len / (8 * tokens_per_gpu_s),
-                        f"MosaicML llm-foundry, scripts/train/benchmarking/README.md, table \"H100 80GB BF16\": MPT 7B, "
-                        f"seq {seq_len}, 8 H100 80 GB, FSDP FULL_SHARD, micro-batch {micro_batch}, gradient accumulation "
+MPT_SHAPES = {"7B": (32, 4096, 32, 50368), "30B": (48, 7168, 64, 50368), "70B": (80, 8192, 64, 50368)}
+
+
+def _mpt(name, seq_len, micro_batch, accumulation, tokens_per_gpu_s, checkpointing, size="7B", gpus=8):
+    # MPT (llm-foundry's yamls: 7B 32 layers d_model 4096 32 heads; 30B 48 × 7168, 64 heads; 70B 80 × 8192,
+    # 64 heads; vocabulary 50,368; GELU MLP of 4·d, no biases) as a GPT-2 of that shape; published tokens per
+    # second per GPU → seconds per step
+    batch = gpus * micro_batch * accumulation
+    return PublishedRun(name, MPT_SHAPES[size], Layout(dp=gpus, zero_stage=3), batch, micro_batch,
+                        batch * seq_len / (gpus * tokens_per_gpu_s),
+                        f"MosaicML llm-foundry, scripts/train/benchmarking/README.md, table \"H100 80GB BF16\": MPT {size}, "
+                        f"seq {seq_len}, {gpus} H100 80 GB, FSDP FULL_SHARD, micro-batch {micro_batch}, gradient accumulation "
                         f"{accumulation}, {tokens_per_gpu_s:,} tokens/s per GPU, activation checkpointing "
                         f"{checkpointing}; flash attention (their MFU counts attention's 4·s²·h per layer)",
                         family="mpt", implementation="course", recompute="full" if checkpointing else "none",
@@ -211,4 +215,18 @@ def baseline_utilization(runs=CALIBRATION_RUNS) -> float:
 OUT_OF_SAMPLE_RUNS = (
     _narayanan("ZeRO-3, 768 GPUs", GPT3, 1, 1, 768, 1536, 88, table=2, micro_batch=2, zero_stage=3),
     _narayanan("3-D, 768 GPUs", GPT3, 8, 12, 8, 1536, 149, table=2),
+)
+
+#: The same table's MPT 30B and 70B rows (FULL_SHARD, activation checkpointing on, 8 to 64 H100s), added after
+#: every choice of the planner, :data:`~parlab.decide.planner.hardware.H100_UTILIZATION` included, so they chose
+#: nothing: the H100 side's out-of-sample test across model sizes and nodes (``docs/planner.md``).
+H100_OUT_OF_SAMPLE_RUNS = (
+    _mpt("MPT 30B, 1k tokens", 1024, 6, 21, 2084, True, "30B"),
+    _mpt("MPT 30B, 2k tokens", 2048, 3, 21, 2002, True, "30B"),
+    _mpt("MPT 30B, 2k, 16 GPUs", 2048, 10, 3, 2263, True, "30B", gpus=16),
+    _mpt("MPT 30B, 2k, 32 GPUs", 2048, 14, 3, 2308, True, "30B", gpus=32),
+    _mpt("MPT 30B, 4k tokens", 4096, 1, 21, 1802, True, "30B"),
+    _mpt("MPT 30B, 8k tokens", 8192, 1, 21, 1384, True, "30B"),
+    _mpt("MPT 70B, 32 GPUs", 2048, 2, 16, 882, True, "70B", gpus=32),
+    _mpt("MPT 70B, 64 GPUs", 2048, 8, 4, 1039, True, "70B", gpus=64),
 )

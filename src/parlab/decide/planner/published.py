@@ -123,13 +123,13 @@ def _korthikanti(name, recompute, mfu):
 
 MT_NLG = (105, 20480, 128, 51200)  # the 530B GPT of Korthikanti et al. 2022 (Table 3)
 
-MPT_SHAPES = {"7B": (32, 4096, 32, 50368), "30B": (48, 7168, 64, 50368), "70B": (80, 8192, 64, 50368)}
+MPT_SHAPES = {"7B": (32, 4096, 32, 50368), "30B": (48, 7168, 56, 50368), "70B": (80, 8192, 64, 50368)}
 
 
 def _mpt(name, seq_len, micro_batch, accumulation, tokens_per_gpu_s, checkpointing, size="7B", gpus=8):
-    # MPT (llm-foundry's yamls: 7B 32 layers d_model 4096 32 heads; 30B 48 × 7168, 64 heads; 70B 80 × 8192,
-    # 64 heads; vocabulary 50,368; GELU MLP of 4·d, no biases) as a GPT-2 of that shape; published tokens per
-    # second per GPU → seconds per step
+    # MPT (llm-foundry's scripts/train/yamls/pretrain: 7B 32 layers, d_model 4096, 32 heads; 30B 48 × 7168,
+    # 56 heads; 70B 80 × 8192, 64 heads; vocabulary 50,368; GELU MLP of 4·d, no biases) as a GPT-2 of that
+    # shape; published tokens per second per GPU → seconds per step
     batch = gpus * micro_batch * accumulation
     return PublishedRun(name, MPT_SHAPES[size], Layout(dp=gpus, zero_stage=3), batch, micro_batch,
                         batch * seq_len / (gpus * tokens_per_gpu_s),

@@ -111,9 +111,8 @@ def zero3_step(costs: dict, num_bytes: float, world_size: int, forward_s: float,
                root_bytes: float = 0.0, root_gathers: int = 1, reshard: str = "after_forward",
                gathers_per_block: int = 1, prefetch: bool = True, backward_gathers: int = 1,
                reduce_bytes: float | None = None) -> float:
-    """Seconds per step of ZeRO-3 (:func:`predict_dp_step`'s ``"zero3"``, its arguments as there), which
-    prefetches: the blocks' gathers hide behind forward, their gathers and reduce-scatters behind backward.
-    ``reshard``: when it frees the gathered weights (:data:`RESHARDS`).
+    """Seconds per step of ZeRO-3 (:func:`predict_dp_step`'s ``"zero3"``), which prefetches: the blocks' gathers
+    hide behind forward, gathers and reduce-scatters behind backward; ``reshard``: see :data:`RESHARDS`.
 
     Each stage-3 collective pays its ring's latency floor, (n − 1)·α per call whatever its size
     (:func:`~parlab.decide.planner.hardware.ring_costs`): at 1,536 ranks over InfiniBand, 7.7 ms, a sixth of

@@ -475,12 +475,12 @@ def test_h100_runs_fit_one_constant_and_attention_sets_long_sequences():
     assert planner.Cluster().utilization == planner.UTILIZATION  # the A100's
     assert planner.H100.attention_flops == 335e12 and "FlashAttention-2" in planner.H100.attention_source
     errors = {run.name: run.predict().step_s / run.step_s - 1
-              for run in planner.H100_CALIBRATION_RUNS + planner.H100_HELD_OUT_RUNS}
+              for run in planner.H100_CALIBRATION_RUNS + planner.H100_HELD_OUT_RUNS[:2]}  # MPT 7B, 4k to 64k
     assert all(abs(e) <= 0.20 for e in errors.values()), errors
     # the errors no longer fall with the sequence: the kernel's rate, not the GEMMs', sets the long rows
     assert max(errors.values()) - min(errors.values()) < 0.10, errors
     at_gemm_rate = {run.name: run.predict(without=("attention_kernel",)).step_s / run.step_s - 1
-                    for run in planner.H100_HELD_OUT_RUNS}
+                    for run in planner.H100_HELD_OUT_RUNS[:2]}
     assert all(e < -0.25 for e in at_gemm_rate.values()), at_gemm_rate
     long = planner.H100_HELD_OUT_RUNS[0]
     assert long.predict(without=("attention",)).step_s < 0.5 * long.step_s
@@ -632,7 +632,8 @@ def test_megatron_keeps_fp32_gradients_and_zero3_its_working_set():
 
 
 def test_every_published_run_fits_on_its_hardware():
-    for run in planner.CALIBRATION_RUNS + planner.HELD_OUT_RUNS + planner.H100_CALIBRATION_RUNS + planner.H100_HELD_OUT_RUNS:
+    for run in (planner.CALIBRATION_RUNS + planner.HELD_OUT_RUNS + planner.OUT_OF_SAMPLE_RUNS + planner.H100_CALIBRATION_RUNS
+                + planner.H100_HELD_OUT_RUNS + planner.H100_OUT_OF_SAMPLE_RUNS):
         p = run.predict()
         assert p.fits, f"{run.name}: {p.memory.total / 1e9:.1f} GB on {run.cluster().gpu.memory / 1e9:.0f} GB"
 
@@ -687,30 +688,66 @@ def test_table_2_rows_that_chose_nothing_are_within_the_band():
     assert trivial[0] / trivial[1] < 0.75  # the trivial model's ZeRO-3 row is far too fast beside its 3-D row
 
 
-def test_mpt_30b_and_70b_chose_nothing_and_the_small_micro_batch_rows_miss():
-    """llm-foundry's H100 BF16 table, MPT 30B and 70B (FSDP FULL_SHARD, checkpointing), added after every
-    choice of the planner: out of sample. The rows with few accumulation steps of large micro-batches land
-    within 8 %; those with 16-21 steps of 4-8k tokens per GPU are 17-27 % fast, a documented miss
-    (docs/planner.md): the planner hides FSDP's per-micro-batch gathers behind compute, and priced
-    exposed (``without=("dp_overlap",)``) the 1k-4k 30B rows and the 70B one come within 6 %. The trivial model does better here."""
-    runs = {run.name: run for run in planner.H100_OUT_OF_SAMPLE_RUNS}
-    assert len(runs) == 8 and all(run.nodes_kind == "h100" for run in runs.values())
+def _errors(runs, **options):
+    return {run.name: run.predict(**options).step_s / run.step_s - 1 for run in runs}
+
+
+def test_mpt_30b_and_70b_chose_fsdp1s_exposed_collectives():
+    """llm-foundry's H100 BF16 table, MPT 30B and 70B (FSDP FULL_SHARD, checkpointing): added out of sample
+    with FSDP's per-micro-batch gathers and reduce-scatters priced hidden, they came out 4-27 % fast, the
+    rows of many small micro-batches worst. Their misses chose implementation "fsdp1", the collectives
+    exposed; held out from the constant since. Priced hidden again (FSDP2's ``"course"``), the 70B over 32
+    GPUs leaves the band; exposed, every row but the 30B at 8k tokens (75 of 80 GB, -21 %) is within 6 %."""
+    runs = {run.name: run for run in planner.H100_HELD_OUT_RUNS[2:]}
+    assert len(runs) == 8 and all(run.nodes_kind == "h100" and run.implementation == "fsdp1" for run in runs.values())
     seventy = runs["MPT 70B, 32 GPUs"]  # 882 tokens/s per GPU, 2 × 16 sequences of 2048 per GPU
     assert seventy.layout.dp == 32 and seventy.global_batch == 1024 and seventy.shape == (80, 8192, 64, 50368)
     assert seventy.step_s == pytest.approx(1024 * 2048 / (32 * 882))
-    error = {n: r.predict().step_s / r.step_s - 1 for n, r in runs.items()}
+    exposed, hidden = _errors(runs.values()), _errors(runs.values(), implementation="course")
     assert all(r.predict().fits for r in runs.values())
-    near = ("MPT 30B, 2k, 16 GPUs", "MPT 30B, 2k, 32 GPUs", "MPT 70B, 64 GPUs")
-    assert all(-0.10 < error[n] < 0 for n in near), error
-    missed = ("MPT 30B, 1k tokens", "MPT 30B, 2k tokens", "MPT 30B, 4k tokens")
-    assert all(-0.20 < error[n] < -0.15 for n in missed), error  # inside the band, barely
-    assert -0.25 < error["MPT 70B, 32 GPUs"] < -0.20 and -0.30 < error["MPT 30B, 8k tokens"] < -0.25, error
-    exposed = {n: runs[n].predict(without=("dp_overlap",)).step_s / runs[n].step_s - 1
-               for n in missed + ("MPT 70B, 32 GPUs",)}
-    assert all(abs(e) < 0.06 for e in exposed.values()), exposed
+    assert all(abs(e) < 0.06 for n, e in exposed.items() if n != "MPT 30B, 8k tokens"), exposed
+    assert -0.22 < exposed["MPT 30B, 8k tokens"] < -0.20  # the one documented miss: allocator pressure, likely
+    assert hidden["MPT 70B, 32 GPUs"] < -0.20 and all(hidden[n] < exposed[n] - 0.03 for n in exposed), hidden
+    # the exposed time is FSDP's collectives, on the step's critical path: the dp part of the step
+    p = seventy.predict()
+    assert p.parts["dp"] > 0.2 * p.step_s and seventy.predict(implementation="course").parts["dp"] < 0.01 * p.step_s
+
+
+def test_mpt_13b_and_3b_chose_nothing_and_land_within_the_band():
+    """The same table's MPT 13B and 3B rows, added after "fsdp1" and the refitted H100 constant, priced once:
+    out of sample. All 18 land within ±20 % (the worst 16 % fast) and fit on 80 GB; the trivial model misses
+    by up to 26 %. The 13B at 2k tokens, one step of two sequences per GPU without checkpointing, is where
+    the exposed collectives matter: priced hidden, those four rows are 30 % fast."""
+    runs = planner.H100_OUT_OF_SAMPLE_RUNS
+    assert len(runs) == 18 and all(run.implementation == "fsdp1" for run in runs)
+    error = _errors(runs)
+    assert all(abs(e) <= 0.20 for e in error.values()) and all(run.predict().fits for run in runs), error
     u = planner.baseline_utilization(planner.H100_CALIBRATION_RUNS)
-    trivial = {n: planner.baseline_step(r, u) / r.step_s - 1 for n, r in runs.items()}
-    assert max(map(abs, trivial.values())) < 0.23 and all(abs(trivial[n]) < abs(error[n]) for n in missed)
+    trivial = {run.name: planner.baseline_step(run, u) / run.step_s - 1 for run in runs}
+    assert max(map(abs, trivial.values())) > 0.25 > max(map(abs, error.values()))
+    two_k = [run for run in runs if run.name.startswith("MPT 13B, 2k")]
+    assert len(two_k) == 4 and all(run.global_batch == 2 * run.layout.dp and run.recompute == "none" for run in two_k)
+    hidden = _errors(two_k, implementation="course")
+    assert all(e < -0.28 for e in hidden.values()) and all(abs(error[n]) < 0.14 for n in hidden), hidden
+
+
+def test_fsdp1_prices_full_shard_only_and_its_ablation_is_fsdp2():
+    """"fsdp1" is FULL_SHARD without a pipeline (or plain DDP): ZeRO-1/2 and pipelines are refused with the
+    reason; with nothing to gather (one rank) it prices as FSDP2; its gathers add to, not hide behind, compute."""
+    w = planner.Workload("Llama 2 13B", global_batch=16, seq_len=2048, checkpointing=True)
+    cluster = planner.cluster_of("h100")
+    for layout in (planner.Layout(dp=8, zero_stage=1), planner.Layout(dp=8, zero_stage=2),
+                   planner.Layout(dp=4, pp=2, zero_stage=3)):
+        with pytest.raises(ValueError, match="'fsdp1' prices PyTorch FSDP1"):
+            planner.predict(w, layout, cluster, implementation="fsdp1")
+    assert not any(p.layout.zero_stage in (1, 2) or p.layout.pp > 1 and p.layout.dp > 1
+                   for p in planner.candidates(w, cluster, implementation="fsdp1"))
+    z3 = planner.Layout(dp=8, zero_stage=3)
+    f1, f2 = (planner.predict(w, z3, cluster, implementation=i) for i in ("fsdp1", "course"))
+    assert f1.memory.total == f2.memory.total and f1.bytes_by_axis == f2.bytes_by_axis
+    assert f1.step_s > f2.step_s and f1.parts["compute"] == f2.parts["compute"]
+    assert f1.step_s == pytest.approx(planner.predict(w, z3, cluster, implementation="course",
+                                                      without=("dp_overlap",)).step_s)
 
 
 def test_zero2_beside_a_pipeline_is_refused_and_never_offered():
@@ -739,7 +776,7 @@ def test_deepspeed_bf16_optimizer_keeps_fp32_gradients_as_bloom_ran():
     §5's BLOOM row and §6's BLOOM scenario so hold the same 18 bytes per parameter."""
     w = planner.Workload("Llama 2 13B", global_batch=8, seq_len=1024)
     assert [w.grad_bytes("deepspeed", z) for z in (0, 1, 2, 3)] == [4, 4, 2, 2]
-    assert [w.grad_bytes(impl, 1) for impl in planner.IMPLEMENTATIONS] == [4, 4, 2]
+    assert [w.grad_bytes(impl, 1) for impl in planner.IMPLEMENTATIONS] == [4, 4, 2, 2]
     assert replace(w, precision="fp16").grad_bytes("deepspeed", 1) == 2
     bloom = planner.CALIBRATION_RUNS[4]
     p, layout = bloom.predict(), bloom.layout

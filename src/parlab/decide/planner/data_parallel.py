@@ -20,8 +20,18 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 #:   all-gather of the updated weights runs inside ``step()``, after the optimizer, with nothing beside it
 #:   (``deepspeed/runtime/zero/stage_1_and_2.py``: ``all_gather_dp_groups``);
 #: - ``"course"``: chapter 04's ``ZeroStage1``, which reduce-scatters after backward and all-gathers after
-#:   the step (nothing hides), and ``ZeroStage2``, which reduce-scatters its buckets during backward.
-IMPLEMENTATIONS = ("megatron", "deepspeed", "course")
+#:   the step (nothing hides), and ``ZeroStage2``, which reduce-scatters its buckets during backward;
+#: - ``"fsdp1"``: PyTorch's ``FullyShardedDataParallel`` of torch 2.0 as MosaicML's llm-foundry ran it
+#:   (Composer, ``FULL_SHARD``, ``limit_all_gathers``, checkpoint inside each FSDP unit): ZeRO-3 only, its
+#:   per-micro-batch gathers and reduce-scatters priced **exposed**, added to the computation. That is an
+#:   observation, not a mechanism: on llm-foundry's MPT 30B/70B H100 rows the time the overlapped model
+#:   misses is, per layer and micro-batch, what moving the layer's weights at NCCL's bandwidth takes
+#:   (``docs/planner.md``), whatever the tokens; why they do not hide (SMs and HBM taken by NCCL's kernels,
+#:   FSDP1's rate limiter, the stream order) is not settled here.
+#:
+#: Under ``"megatron"``, ZeRO-2 and ZeRO-3 are Megatron-FSDP's ``optim_grads`` and ``optim_grads_params``
+#: (``--use-megatron-fsdp --data-parallel-sharding-strategy``); ZeRO-1 is its distributed optimizer.
+IMPLEMENTATIONS = ("megatron", "deepspeed", "course", "fsdp1")
 #: When ZeRO-3 frees (reshards) the weights it gathered (:func:`zero3_step`'s ``reshard``), FSDP2's names:
 #: - ``"after_forward"`` (FSDP2's default, DeepSpeed's stage 3): gathered for every forward and again for
 #:   every backward, reduce-scattered after every backward: per micro-batch 2 all-gathers + 1 reduce-scatter;
@@ -69,9 +79,9 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
         raise ValueError(f"reshard={reshard!r}; choose one of {', '.join(RESHARDS)}")
     m = positive_int("micro_batches", micro_batches, "forward/backward passes per step")
     grads = num_bytes if reduce_bytes is None else reduce_bytes
-    if strategy == "zero3":
+    if strategy == "zero3":  # FSDP1 as llm-foundry ran it: nothing hides (IMPLEMENTATIONS)
         return zero3_step(costs, num_bytes, world_size, forward_s, backward_s, optimizer_s, blocks=blocks,
-                          overlap=overlap, micro_batches=m, root_bytes=root_bytes, root_gathers=root_gathers,
+                          overlap=overlap and implementation != "fsdp1", micro_batches=m, root_bytes=root_bytes, root_gathers=root_gathers,
                           reshard=reshard, gathers_per_block=gathers_per_block, prefetch=prefetch,
                           backward_gathers=backward_gathers, reduce_bytes=grads)
     comm, beside = _pricing(costs, num_bytes, overlap)

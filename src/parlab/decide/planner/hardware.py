@@ -128,8 +128,10 @@ UTILIZATION = 0.58
 #: The same share for the H100 (:func:`cluster_of` ``"h100"``), its generation's one fitted constant: fitted on
 #: :data:`~parlab.decide.planner.published.H100_CALIBRATION_RUNS` (MosaicML's MPT 7B at 4k and 8k tokens on 8 H100s),
 #: refitted once the fused attention kernel ran at its own published rate (:attr:`GPU.attention_flops`:
-#: 0.56 before); the long-sequence rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS` fitted nothing.
-H100_UTILIZATION = 0.68
+#: 0.56 before), and again once llm-foundry's FSDP1 was priced with its collectives exposed and MPT's exact
+#: GELU (0.68 before; ``docs/planner.md``); the rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS`
+#: and :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing.
+H100_UTILIZATION = 0.66
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB

@@ -162,6 +162,10 @@ def unsupported(layout: Layout, implementation: str = "megatron") -> str | None:
     ``torch.distributed.pipelining`` keeps whole gradients until the last backward (chapter 07 §4), and the
     course's ``parallelize`` has no ZeRO-2. DeepSpeed's ZeRO-3 does not run beside its pipeline either;
     ZeRO-3 under ``"megatron"`` or ``"course"`` is FSDP2's, which does."""
+    if implementation == "fsdp1" and layout.dp > 1 and (layout.zero_stage in (1, 2) or layout.pp > 1):
+        return (f"{layout}: implementation 'fsdp1' prices PyTorch FSDP1 as llm-foundry ran it, FULL_SHARD without a "
+                f"pipeline: zero_stage 3 (or 0, plain DDP) and pp=1; for ZeRO-1/2 or a pipeline use 'megatron', "
+                f"'deepspeed' or 'course'")
     if layout.pp == 1 or layout.dp == 1 or layout.zero_stage < 2:
         return None
     if layout.zero_stage == 2:

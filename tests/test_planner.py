@@ -742,6 +742,10 @@ def test_fsdp1_prices_full_shard_only_and_its_ablation_is_fsdp2():
             planner.predict(w, layout, cluster, implementation="fsdp1")
     assert not any(p.layout.zero_stage in (1, 2) or p.layout.pp > 1 and p.layout.dp > 1
                    for p in planner.candidates(w, cluster, implementation="fsdp1"))
+    costs = planner.ring_costs(planner.LINKS["nvlink4"], 8)
+    for strategy in ("zero1", "zero2"):
+        with pytest.raises(ValueError, match=f"strategy='{strategy}' under implementation 'fsdp1'"):
+            planner.predict_dp_step(strategy, costs, 1e9, 8, 1.0, 2.0, 0.1, implementation="fsdp1")
     z3 = planner.Layout(dp=8, zero_stage=3)
     f1, f2 = (planner.predict(w, z3, cluster, implementation=i) for i in ("fsdp1", "course"))
     assert f1.memory.total == f2.memory.total and f1.bytes_by_axis == f2.bytes_by_axis

@@ -77,6 +77,9 @@ def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: in
         raise ValueError(f"implementation={implementation!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
     if reshard not in RESHARDS:
         raise ValueError(f"reshard={reshard!r}; choose one of {', '.join(RESHARDS)}")
+    if implementation == "fsdp1" and strategy in ("zero1", "zero2"):
+        raise ValueError(f"strategy={strategy!r} under implementation 'fsdp1': it prices FSDP1's FULL_SHARD "
+                         f"(zero3) or plain DDP (ddp); choose one of those, or another implementation")
     m = positive_int("micro_batches", micro_batches, "forward/backward passes per step")
     grads = num_bytes if reduce_bytes is None else reduce_bytes
     if strategy == "zero3":  # FSDP1 as llm-foundry ran it: nothing hides (IMPLEMENTATIONS)

@@ -130,7 +130,8 @@ UTILIZATION = 0.58
 #: refitted once the fused attention kernel ran at its own published rate (:attr:`GPU.attention_flops`:
 #: 0.56 before), and again once llm-foundry's FSDP1 was priced with its collectives exposed and MPT's exact
 #: GELU (0.68 before; ``docs/planner.md``); the rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS`
-#: and :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing.
+#: and :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing, though the latter's
+#: memory miss prompted the GELU change that moved it.
 H100_UTILIZATION = 0.66
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32

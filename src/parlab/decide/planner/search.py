@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from parlab.decide.planner import step
@@ -19,7 +20,8 @@ def candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), c
     where every chunk keeps a layer: :func:`~parlab.decide.planner.step.predict`); a ZeRO stage that no
     implementation runs beside a pipeline is left out (:func:`~parlab.decide.planner.step.unsupported`);
     ``options`` go to ``predict``
-    (``implementation``, ``reshard``, ``tp_overlap``, ``without``)."""
+    (``implementation``, ``reshard``, ``tp_overlap``, ``without``); with ``tp_overlap=True`` the layouts with
+    TP are priced with sequence parallelism, which the overlap needs (:func:`~parlab.decide.planner.step.predict`)."""
     return _candidates(workload, cluster, zero_stages, chunks, **options)
 
 
@@ -27,6 +29,8 @@ def _candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), 
                 **options) -> list[Prediction]:
     heads = workload.config.num_attention_heads
     n, out = cluster.world_size, []
+    with_sp = (dataclasses.replace(workload, sequence_parallel=True)
+               if options.get("tp_overlap") and not workload.sequence_parallel else workload)
     for tp in (t for t in range(1, min(n, 4 * cluster.gpus_per_node) + 1) if n % t == 0 and heads % t == 0
                and (t <= cluster.gpus_per_node and cluster.gpus_per_node % t == 0 or t % cluster.gpus_per_node == 0)):
         for pp in (p for p in range(1, workload.layers + 1) if n % (tp * p) == 0):
@@ -38,8 +42,8 @@ def _candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), 
                           if not step.unsupported(Layout(dp=dp, pp=pp, zero_stage=z),
                                                   options.get("implementation", "megatron"))):
                 for v in (c for c in chunks if c == 1 or 1 < pp and c <= smallest):
-                    out.append(step._predict(workload, Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage), cluster,
-                                             chunks=v, **options))
+                    out.append(step._predict(with_sp if tp > 1 else workload,
+                                             Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage), cluster, chunks=v, **options))
     return sorted(out, key=lambda p: (not p.fits, p.step_s))
 
 

@@ -46,7 +46,7 @@ class Prediction:
 
 #: The cost terms :func:`predict` can leave out (``without=``), each to show what it adds (``tests/test_planner.py``).
 TERMS = ("attention", "attention_kernel", "memory_bound", "recompute", "tp", "pp", "bubble", "dp", "dp_overlap",
-         "latency")
+         "latency", "optimizer")
 #: DeepSpeed ZeRO-3's prefetch buffer, in parameters: ``stage3_prefetch_bucket_size``'s default, 5e7,
 #: "maximum number of parameter elements to fetch ahead of use" (``deepspeed/runtime/zero/config.py``); a
 #: tensor larger than it is gathered when needed, not ahead.
@@ -93,7 +93,8 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     schedule, chapter 06), at most the layers of the smallest stage: the bubble shrinks to (p − 1)/v slots
     of a whole stage, and a micro-batch crosses v times as many stage boundaries. ``tp_overlap``: TP's
     collectives run beside the matrix products (Megatron-LM's ``--tp-comm-overlap``, torchtitan's async
-    TP), so only what exceeds the layers' computation counts; off as 2021 Megatron ran. ``without``: cost
+    TP), so only what exceeds the layers' computation counts; off as 2021 Megatron ran; with tp > 1 it needs
+    ``workload.sequence_parallel``, as Megatron-LM refuses the overlap without SP. ``without``: cost
     terms left out (:data:`TERMS`), to see what each adds."""
     return _predict(workload, layout, cluster, implementation=implementation, reshard=reshard, chunks=chunks,
                     tp_overlap=tp_overlap, without=without)
@@ -104,6 +105,10 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     """:func:`predict` itself: the checks, then the step part by part, the bytes and the memory."""
     w, off = workload, set(without)
     m, stages, reshard, chunks, cluster = _checked(w, layout, cluster, reshard, chunks, off, implementation)
+    if tp_overlap and layout.tp > 1 and not w.sequence_parallel:
+        raise ValueError(f"tp_overlap=True with tp={layout.tp} needs sequence parallelism (Megatron-LM's arguments.py: "
+                         f"TP communication/GEMM overlap 'can happen only when sequence parallelism is enabled'; "
+                         f"torchtitan's async TP is built on it): use a Workload with sequence_parallel=True")
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     # the slowest stage sets the pipeline's pace; the heaviest holds the most memory
     work = [n + (w.output_flops / w.layer_flops if s == pp - 1 else 0.0) for s, n in enumerate(stages)]
@@ -118,7 +123,7 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     slots = m + (0 if "bubble" in off else (pp - 1) / chunks)
     forward_s = slots * (forward + tp_forward + p2p_s)
     backward_s = slots * (backward + tp_backward + p2p_s)
-    optimizer_s = psi * OPTIMIZER_BYTES_PER_PARAM / cluster.gpu.memory_bandwidth
+    optimizer_s = 0.0 if "optimizer" in off else psi * OPTIMIZER_BYTES_PER_PARAM / cluster.gpu.memory_bandwidth
     grad_value = w.grad_bytes(implementation, layout.zero_stage)  # Megatron-LM, DeepSpeed's BF16_Optimizer: fp32
     zero3, deepspeed3 = layout.zero_stage == 3, layout.zero_stage == 3 and implementation == "deepspeed"
     prefetch = not deepspeed3 or w.layer_tensors[1] / tp <= DEEPSPEED_PREFETCH_PARAMS

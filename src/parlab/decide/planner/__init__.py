@@ -30,7 +30,7 @@ GPU generation's one fitted share of peak (:data:`UTILIZATION`, :data:`H100_UTIL
 attention kernel's at its published rate where the GPU has one (:attr:`GPU.attention_flops`: the H100's,
 FlashAttention-2's), and their memory-bound work (the bytes they save for backward) at its memory bandwidth; tensor parallelism adds
 Megatron's all-reduces of one activation per layer and micro-batch (two forward, two backward, two more
-when recomputing), hidden only with ``tp_overlap``; a pipeline of p stages runs m micro-batches in
+when recomputing), hidden only with ``tp_overlap`` (which needs sequence parallelism, as in Megatron-LM); a pipeline of p stages runs m micro-batches in
 m + (p − 1)/v slots (the bubble, chapter 06; v interleaved chunks) and sends 1/t of an activation each way
 per micro-batch (scatter/gather, ibid. §4.1); data parallelism's collectives come from
 :func:`predict_dp_step` and :func:`zero3_step` (chapter 04), which know what each implementation of each

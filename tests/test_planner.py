@@ -840,3 +840,13 @@ def test_the_optimizer_step_is_zero1s_lead_at_two_sequences_per_gpu():
     ddp = next(p for p in priced if p.layout == planner.Layout(dp=8))
     assert ddp.step_s > 1.1 * priced[0].step_s and ddp.parts["optimizer"] > 8 * priced[0].parts["optimizer"] * 0.99
     assert free[0].layout == planner.Layout(dp=8) and all(p.parts["optimizer"] == 0 for p in free)
+
+
+def test_tp_overlap_hides_tp_inside_a_node_only():
+    """Transformer Engine's comm+GEMM overlap (what Megatron-core's --tp-comm-overlap runs) is single-node:
+    TP 16 across DGX H100 nodes stays exposed under tp_overlap, TP 8 inside one is hidden."""
+    w = planner.Workload("Llama 2 70B", global_batch=64, seq_len=4096, checkpointing=True, sequence_parallel=True)
+    h100 = planner.cluster_of("h100", 4)
+    across, inside = planner.Layout(tp=16, dp=2, zero_stage=1), planner.Layout(tp=8, dp=4, zero_stage=1)
+    assert planner.predict(w, across, h100, tp_overlap=True).parts["tp"] == planner.predict(w, across, h100).parts["tp"] > 0
+    assert planner.predict(w, inside, h100, tp_overlap=True).parts["tp"] < planner.predict(w, inside, h100).parts["tp"]

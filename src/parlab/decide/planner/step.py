@@ -93,7 +93,8 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     schedule, chapter 06), at most the layers of the smallest stage: the bubble shrinks to (p − 1)/v slots
     of a whole stage, and a micro-batch crosses v times as many stage boundaries. ``tp_overlap``: TP's
     collectives run beside the matrix products (Megatron-LM's ``--tp-comm-overlap``, torchtitan's async
-    TP), so only what exceeds the layers' computation counts; off as 2021 Megatron ran; with tp > 1 it needs
+    TP), so only what exceeds the layers' computation counts, for a TP group inside a node (across nodes TP
+    stays exposed: Transformer Engine's overlap is single-node); off as 2021 Megatron ran; with tp > 1 it needs
     ``workload.sequence_parallel``, as Megatron-LM refuses the overlap without SP. ``without``: cost
     terms left out (:data:`TERMS`), to see what each adds."""
     return _predict(workload, layout, cluster, implementation=implementation, reshard=reshard, chunks=chunks,
@@ -116,7 +117,9 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     psi = max(stage_params(w, pp)) / tp  # weights of the heaviest rank
     layers_s, forward, backward = _computation(w, stages[slow], slow == pp - 1, tp, cluster, off)
     tp_forward, tp_backward, p2p_s = _messages(w, layout, cluster, stages[slow], chunks, off)
-    if tp_overlap:  # beside the layers' matrix products: only what they cannot cover is exposed
+    # beside the layers' matrix products only what they cannot cover is exposed; inside a node only, as
+    # Transformer Engine's comm+GEMM overlap runs (NVIDIA/TransformerEngine#1071): TP across nodes stays exposed
+    if tp_overlap and cluster.link(layout.topology, "tp") == cluster.intra:
         output_s = forward - layers_s
         tp_forward, tp_backward = max(0.0, tp_forward - layers_s), max(0.0, tp_backward - (backward - 2 * output_s))
     # the pipeline's slots per step, (p − 1)/v of them the bubble (chapter 06)

@@ -45,7 +45,8 @@ recomputation) and HFU (what executes) are reported. The runs it is checked agai
 (``tests/test_planner.py``, ``docs/planner.md``): :data:`CALIBRATION_RUNS` fitted :data:`UTILIZATION`,
 :data:`H100_CALIBRATION_RUNS` fitted :data:`H100_UTILIZATION`; :data:`HELD_OUT_RUNS` and
 :data:`H100_HELD_OUT_RUNS` fitted nothing (the 1536-GPU ZeRO-3 row shaped a mechanism, though);
-:data:`OUT_OF_SAMPLE_RUNS` and :data:`H100_OUT_OF_SAMPLE_RUNS` chose nothing at all.
+:data:`OUT_OF_SAMPLE_RUNS` chose nothing at all; :data:`H100_OUT_OF_SAMPLE_RUNS` chose nothing in time (their memory miss chose
+MPT's GELU, which moved the H100 constant).
 
 **The package, by idea:** :mod:`~parlab.decide.planner.hardware` (links, collectives, GPUs, clusters),
 :mod:`~parlab.decide.planner.workload` (a model, its batch, a layout), :mod:`~parlab.decide.planner.data_parallel` (what

@@ -203,8 +203,13 @@ def _ci_is_defaults(path: pathlib.Path) -> bool:
     """Whether a chapter's CI parameters are its defaults (chapter 07: most of its run is the planner's
     tables, the same with either set): its CI run would repeat its default run."""
     nb = nbformat.read(path, as_version=4)
-    defaults = {t.id: ast.literal_eval(n.value) for n in ast.parse(_parameters_cell(nb).source).body
-                for t in n.targets if isinstance(t, ast.Name)}
+    defaults = {}
+    for node in ast.parse(_parameters_cell(nb).source).body:
+        try:  # a default written as an expression (2**20) is evaluated by the kernel, not here: not comparable
+            value = ast.literal_eval(node.value)
+        except (ValueError, TypeError):
+            return False
+        defaults.update({t.id: value for t in node.targets if isinstance(t, ast.Name)})
     return all(k in defaults and defaults[k] == v for k, v in course.ci_parameters(nb).items())
 
 

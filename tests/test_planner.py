@@ -705,7 +705,8 @@ def test_mpt_30b_and_70b_chose_fsdp1s_exposed_collectives():
     with FSDP's per-micro-batch gathers and reduce-scatters priced hidden, they came out 4-27 % fast, the
     rows of many small micro-batches worst. Their misses chose implementation "fsdp1", the collectives
     exposed; held out from the constant since. Priced hidden again (FSDP2's ``"course"``), the 70B over 32
-    GPUs leaves the band; exposed, every row but the 30B at 8k tokens (75 of 80 GB, -21 %) is within 6 %."""
+    GPUs leaves the band; exposed, every row but the 30B at 8k tokens (75 of 80 GB, -19 %, unexplained) is
+    within 6 %. (NVLink 4 at its line rate, 450 GB/s, rather than what NCCL reaches, the 8k row was -21 %.)"""
     runs = {run.name: run for run in planner.H100_HELD_OUT_RUNS[2:]}
     assert len(runs) == 8 and all(run.nodes_kind == "h100" and run.implementation == "fsdp1" for run in runs.values())
     seventy = runs["MPT 70B, 32 GPUs"]  # 882 tokens/s per GPU, 2 × 16 sequences of 2048 per GPU
@@ -714,7 +715,7 @@ def test_mpt_30b_and_70b_chose_fsdp1s_exposed_collectives():
     exposed, hidden = _errors(runs.values()), _errors(runs.values(), implementation="course")
     assert all(r.predict().fits for r in runs.values())
     assert all(abs(e) < 0.06 for n, e in exposed.items() if n != "MPT 30B, 8k tokens"), exposed
-    assert -0.22 < exposed["MPT 30B, 8k tokens"] < -0.20  # the one documented miss: allocator pressure, likely
+    assert -0.20 < exposed["MPT 30B, 8k tokens"] < -0.18  # the one row far off, unexplained (allocator pressure?)
     assert hidden["MPT 70B, 32 GPUs"] < -0.20 and all(hidden[n] < exposed[n] - 0.03 for n in exposed), hidden
     # the exposed time is FSDP's collectives, on the step's critical path: the dp part of the step
     p = seventy.predict()

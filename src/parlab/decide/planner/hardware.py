@@ -26,12 +26,15 @@ class Link:
 
 
 #: The links of the course, one figure each: bytes/s one GPU can send one way while every GPU of its node
-#: does the same (between nodes: a node's adapters shared by its GPUs). Bandwidth: the source named; α:
-#: assumed (typical order). nccl-tests' "bus bandwidth" is this figure as a ring reaches it.
+#: does the same (between nodes: a node's adapters shared by its GPUs). Bandwidth: what NCCL's ring reaches,
+#: nccl-tests' "bus bandwidth", which is by its definition the B of :func:`ring_costs`' formulas (not the
+#: line rate: on NVLink NCCL loses ~20 % to its protocol); InfiniBand's line rates are within 4 % of what
+#: NVIDIA measures, and kept. α: assumed (typical order).
 LINKS = {
-    "nvlink": Link("NVLink 3 (NVSwitch)", 2e-6, 300e9,
-                   "NVIDIA A100 datasheet: 600 GB/s of NVLink per GPU, both directions together (nccl-tests "
-                   "reach ~230 GB/s all-reduce bus bandwidth on 8 A100 SXM: NVIDIA/nccl-tests#175)"),
+    "nvlink": Link("NVLink 3 (NVSwitch)", 2e-6, 230e9,
+                   "nccl-tests: ~230 GB/s all-reduce bus bandwidth on 8 A100 SXM (NVIDIA/nccl-tests#175), of the "
+                   "300 GB/s line rate each way (A100 datasheet: 600 GB/s of NVLink per GPU, both directions "
+                   "together), less NCCL's ~20 % protocol overhead (NVIDIA/nccl-tests#212)"),
     "pcie": Link("PCIe 4.0, 8-GPU server", 5e-6, 20e9,
                  "measured: ~20 GB/s nccl-tests all-reduce bus bandwidth on an 8 × A100 PCIe server once the "
                  "ring crosses the sockets (NVIDIA/nccl-tests#178); one x16 link's 31.5 GB/s (PCI-SIG: 16 GT/s × "
@@ -42,9 +45,10 @@ LINKS = {
                        "192 GB/s all-reduce bus bandwidth between DGX A100 nodes over the eight (NVIDIA/nccl#812)"),
     "ethernet": Link("Ethernet 100 Gb/s", 30e-6, 100e9 / 8 / 8,
                      "one 100 Gb/s port per node, shared by its eight GPUs"),
-    "nvlink4": Link("NVLink 4 (NVSwitch)", 2e-6, 450e9,
-                    "NVIDIA H100 SXM datasheet: 900 GB/s of NVLink per GPU, both directions together (NCCL's "
-                    "effective ~370 GB/s after protocol overhead: NVIDIA/nccl-tests#212)"),
+    "nvlink4": Link("NVLink 4 (NVSwitch)", 2e-6, 370e9,
+                    "NCCL's effective NVLink bandwidth on 8 H100 SXM, ~370 GB/s bus bandwidth with the ring, of the "
+                    "450 GB/s line rate each way (H100 SXM datasheet: 900 GB/s both directions together) after "
+                    "~20 % protocol overhead (NCCL's maintainer, NVIDIA/nccl-tests#212)"),
     "infiniband_ndr": Link("InfiniBand NDR, 8 × 400 Gb/s per node", 5e-6, 50e9,
                            "NVIDIA DGX H100: eight 400 Gb/s ConnectX-7 adapters, one per GPU (50 GB/s each; 48-49 "
                            "GB/s measured per adapter: NVIDIA/nccl-tests#267)"),
@@ -117,19 +121,20 @@ H100 = GPU("H100 SXM5 80 GB", 80e9, 989e12, 3.35e12,
 #: Share of peak FLOP/s the GPU reaches on the FLOPs it executes (hardware FLOPs utilisation of the
 #: computation: recomputation counted; the bubble and exposed communication are priced apart, not in it).
 #: The planner's one fitted constant for the A100 generation (0.62 until Narayanan et al.'s fp16 runs kept fp16
-#: gradients, :meth:`~parlab.decide.planner.workload.Workload.grad_bytes`): fitted on the five runs of
+#: gradients, :meth:`~parlab.decide.planner.workload.Workload.grad_bytes`; 0.58 until NVLink was priced at what
+#: NCCL reaches, 230 GB/s, not its 300 GB/s line rate): fitted on the five runs of
 #: :data:`~parlab.decide.planner.published.CALIBRATION_RUNS` (Narayanan et al. 2021 Table 1's four rows, BLOOM 176B:
 #: the value that centres their errors, :func:`~parlab.decide.planner.published.calibrated_utilization`); the runs
 #: of :data:`~parlab.decide.planner.published.HELD_OUT_RUNS` (Table 2) fitted nothing. Their own figures bracket it:
 #: 44 % of peak for a data-parallel-only GPT 1.7B and 52 % for GPT 1T, both including bubble and
 #: communication (Narayanan et al. 2021, Table 1); PaLM's 57.8 % HFU on TPUs (Chowdhery et al. 2022,
 #: Appendix B).
-UTILIZATION = 0.58
+UTILIZATION = 0.61
 #: The same share for the H100 (:func:`cluster_of` ``"h100"``), its generation's one fitted constant: fitted on
 #: :data:`~parlab.decide.planner.published.H100_CALIBRATION_RUNS` (MosaicML's MPT 7B at 4k and 8k tokens on 8 H100s),
 #: refitted once the fused attention kernel ran at its own published rate (:attr:`GPU.attention_flops`:
 #: 0.56 before), and again once llm-foundry's FSDP1 was priced with its collectives exposed and MPT's exact
-#: GELU (0.68 before; ``docs/planner.md``); the rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS`
+#: GELU (0.68 before; ``docs/planner.md``); NVLink 4 at what NCCL reaches (370 GB/s, not 450) left it at 0.66; the rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS`
 #: and :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing, though the latter's
 #: memory miss prompted the GELU change that moved it.
 H100_UTILIZATION = 0.66

@@ -29,12 +29,13 @@ class Link:
 #: does the same (between nodes: a node's adapters shared by its GPUs). Bandwidth: what NCCL's ring reaches,
 #: nccl-tests' "bus bandwidth", which is by its definition the B of :func:`ring_costs`' formulas (not the
 #: line rate: on NVLink NCCL loses ~20 % to its protocol); InfiniBand's line rates are within 4 % of what
-#: NVIDIA measures, and kept. α: assumed (typical order).
+#: NVIDIA measures, and kept; Ethernet's is an assumed line rate. α: assumed (typical order).
 LINKS = {
     "nvlink": Link("NVLink 3 (NVSwitch)", 2e-6, 230e9,
-                   "nccl-tests: ~230 GB/s all-reduce bus bandwidth on 8 A100 SXM (NVIDIA/nccl-tests#175), of the "
-                   "300 GB/s line rate each way (A100 datasheet: 600 GB/s of NVLink per GPU, both directions "
-                   "together), less NCCL's ~20 % protocol overhead (NVIDIA/nccl-tests#212)"),
+                   "NCCL's bus bandwidth on 8 A100 SXM: 12 links at ~20 GB/s effective (25 GB/s line rate) "
+                   "'should reach 230 GB/s' (NCCL's maintainer, NVIDIA/nccl-tests#149; 232.5 measured: "
+                   "NVIDIA/nccl-tests#175), of the 300 GB/s line rate each way (A100 datasheet: 600 GB/s of NVLink "
+                   "per GPU, both directions together)"),
     "pcie": Link("PCIe 4.0, 8-GPU server", 5e-6, 20e9,
                  "measured: ~20 GB/s nccl-tests all-reduce bus bandwidth on an 8 × A100 PCIe server once the "
                  "ring crosses the sockets (NVIDIA/nccl-tests#178); one x16 link's 31.5 GB/s (PCI-SIG: 16 GT/s × "
@@ -46,9 +47,12 @@ LINKS = {
     "ethernet": Link("Ethernet 100 Gb/s", 30e-6, 100e9 / 8 / 8,
                      "one 100 Gb/s port per node, shared by its eight GPUs"),
     "nvlink4": Link("NVLink 4 (NVSwitch)", 2e-6, 370e9,
-                    "NCCL's effective NVLink bandwidth on 8 H100 SXM, ~370 GB/s bus bandwidth with the ring, of the "
-                    "450 GB/s line rate each way (H100 SXM datasheet: 900 GB/s both directions together) after "
-                    "~20 % protocol overhead (NCCL's maintainer, NVIDIA/nccl-tests#212)"),
+                    "NCCL's effective NVLink bandwidth on 8 H100 SXM, ~370 GB/s bus bandwidth with the ring (any "
+                    "op but an all-reduce, or NCCL_ALGO=RING), of the 450 GB/s line rate each way (H100 SXM "
+                    "datasheet: 900 GB/s both directions together) after ~20 % protocol overhead (NCCL's "
+                    "maintainer, NVIDIA/nccl-tests#212); an all-reduce with NVLink SHARP (NCCL >= 2.17, CUDA 12) "
+                    "reports ~480, which the planner does not price (torch 2.0.1's NCCL 2.14, as llm-foundry "
+                    "ran, has none)"),
     "infiniband_ndr": Link("InfiniBand NDR, 8 × 400 Gb/s per node", 5e-6, 50e9,
                            "NVIDIA DGX H100: eight 400 Gb/s ConnectX-7 adapters, one per GPU (50 GB/s each; 48-49 "
                            "GB/s measured per adapter: NVIDIA/nccl-tests#267)"),

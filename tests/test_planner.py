@@ -716,7 +716,7 @@ def test_mpt_30b_and_70b_chose_fsdp1s_exposed_collectives():
     exposed, hidden = _errors(runs.values()), _errors(runs.values(), implementation="course")
     assert all(r.predict().fits for r in runs.values())
     assert all(abs(e) < 0.06 for n, e in exposed.items() if n != "MPT 30B, 8k tokens"), exposed
-    assert -0.20 < exposed["MPT 30B, 8k tokens"] < -0.18  # the one row far off, unexplained (allocator pressure?)
+    assert -0.20 < exposed["MPT 30B, 8k tokens"] < -0.18  # the one row far off, unexplained
     assert hidden["MPT 70B, 32 GPUs"] < -0.20 and all(hidden[n] < exposed[n] - 0.03 for n in exposed), hidden
     # the exposed time is FSDP's collectives, on the step's critical path: the dp part of the step
     p = seventy.predict()

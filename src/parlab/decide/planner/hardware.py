@@ -138,8 +138,9 @@ UTILIZATION = 0.61
 #: :data:`~parlab.decide.planner.published.H100_CALIBRATION_RUNS` (MosaicML's MPT 7B at 4k and 8k tokens on 8 H100s),
 #: refitted once the fused attention kernel ran at its own published rate (:attr:`GPU.attention_flops`:
 #: 0.56 before), and again once llm-foundry's FSDP1 was priced with its collectives exposed and MPT's exact
-#: GELU (0.68 before; ``docs/planner.md``); NVLink 4 at what NCCL reaches (370 GB/s, not 450) left it at 0.66; the rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS`
-#: and :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing, though the latter's
+#: GELU (0.68 before; ``docs/planner.md``); NVLink 4 at what NCCL reaches (370 GB/s, not 450) left it at
+#: 0.66; the rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS` and
+#: :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing, though the latter's
 #: memory miss prompted the GELU change that moved it.
 H100_UTILIZATION = 0.66
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.

@@ -238,8 +238,8 @@ OUT_OF_SAMPLE_RUNS = (
 #: says), added after implementation "fsdp1" was set: out of sample for **time**. Their first pricing said six
 #: 3B rows without checkpointing needed 85-124 GB; that memory miss sent us to MPT's exact GELU, which moved
 #: the H100 constant (0.694 → 0.662, refitted on the 7B rows), and they were priced again (worst time error
-#: -14 % then, -16 % after, -15 % with NVLink at what NCCL reaches). So for memory, and for the constant, they are not out of sample
-#: (``docs/planner.md``). Their 2k-token rows without checkpointing, one or a few steps of small
+#: -14 % then, -16 % after, -15 % with NVLink at what NCCL reaches). So for memory, and for the constant,
+#: they are not out of sample (``docs/planner.md``). Their 2k-token rows without checkpointing, one or a few steps of small
 #: micro-batches, test the exposed collectives.
 H100_OUT_OF_SAMPLE_RUNS = (
     _mpt("MPT 13B, 32k tokens", 32768, 1, 3, 1976, True, "13B"),

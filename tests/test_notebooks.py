@@ -23,7 +23,7 @@ import sys
 import nbformat
 import pytest
 
-from parlab.course import chapters as course
+from parlab.course import chapters as course, reading
 ROOT = pathlib.Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(course.CHAPTER_GLOB))
 SKELETON = ("Overview", "Prerequisites", "Parameters", "Exercises", "Summary", "Further reading")
@@ -244,6 +244,20 @@ def _record_run_time(chapter: str, which: str, result) -> None:
 def test_runs_with_default_parameters(path, tmp_path_factory):
     result, _ = _run(path, False, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
+
+
+# Chapters on the learner's pattern: each numbered section opens with a picture of its mechanism (issue #42;
+# tests/test_reading.py holds the same chapters to sentences read at speed).
+PICTURED = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_ddp", "04_zero"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem in PICTURED], ids=lambda p: p.stem)
+def test_every_section_opens_with_a_picture(path, tmp_path_factory):
+    result, _ = _run(path, False, tmp_path_factory)
+    assert result.passed, f"{path.name}: {result.error}"
+    missing = reading.sections_without_a_picture(result.output)
+    assert not missing, f"{path.name}: no picture among the outputs of the first code cells of {missing}"
 
 
 @pytest.mark.slow

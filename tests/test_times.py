@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from parlab.course import times
+from parlab.course import reading, times
 ROOT = Path(__file__).parents[1]
 
 
@@ -40,6 +40,8 @@ def test_durations_and_exercise_minutes():
                                                                       "about 2 min"]
     chapter = ROOT / "notebooks" / "00_welcome.ipynb"
     nb = nbformat.read(chapter, as_version=4)
-    checks = sum(1 for c in nb.cells if c.cell_type == "code" and "check_" in c.source
-                 and "solution" not in c.metadata.get("tags", []))
-    assert times.exercise_minutes(chapter) >= checks * times.MINUTES_PER_EXERCISE > 0
+    solutions = [sum(1 for line in c.source.splitlines() if line.strip()) for c in nb.cells
+                 if c.cell_type == "code" and "solution" in c.metadata.get("tags", [])]
+    rate = reading.EXERCISE_MINUTES
+    assert solutions and times.exercise_minutes(chapter) >= sum(rate["each"] + rate["per_solution_line"] * n
+                                                                for n in solutions)

@@ -22,9 +22,19 @@ from dataclasses import dataclass, field
 UNDER_THE_HOOD = re.compile(r"^## Under the hood\b", re.M)
 #: The main path's budget: words of markdown, lines of code to read (cells + shown source), longest cell.
 LIMITS = {"words": 2500, "code_lines": 300, "longest_cell": 30}
-#: How fast a learner reads: prose at 200 words a minute, this course's code at 10 lines a minute (it is
-#: dense: every line is a collective, a shape or a check). A main path at the limits is about 40 minutes.
-READING_RATE = {"words_per_minute": 200, "code_lines_per_minute": 10}
+#: Sentences a learner reads at speed (docs/course_design.md, 2): the main path's median sentence and the
+#: length its longest tenth reach, in words, at most (:func:`sentence_stats`).
+PROSE_LIMITS = {"median_words": 18, "longest_tenth": 30}
+#: How fast a learner reads this course: technical prose at 130 words a minute, its code at 8 lines a minute
+#: (every line is a collective, a shape or a check, read beside its output and picture). Calibrated on a
+#: learner's honest pass through all ten chapters (issue #42: about 17 hours of main paths and exercises;
+#: these rates with :data:`EXERCISE_MINUTES` give 17.2 h on the same chapters); 200 words and 10 lines a
+#: minute had said 12.7 h. A main path at the limits is about 55 minutes.
+READING_RATE = {"words_per_minute": 130, "code_lines_per_minute": 8}
+#: One exercise, done honestly: reading it and its hint, then writing and debugging the function, at a
+#: rate per line of the chapter's solution (the same calibration; chapter 08's exercise, timed at about 45
+#: minutes by that learner, comes out at 47).
+EXERCISE_MINUTES = {"each": 5, "per_solution_line": 1.5}
 
 
 def show_source(obj) -> None:
@@ -200,6 +210,11 @@ class SentenceStats:
         """Bracketed asides of :data:`LONG_PARENTHETICAL` words or more."""
         return sum(w >= LONG_PARENTHETICAL for w, _ in self.parentheticals)
 
+    def over_limits(self) -> list[str]:
+        """What the main path's sentences exceed (:data:`PROSE_LIMITS`): empty when it reads at speed."""
+        got = {"median_words": self.median_words, "longest_tenth": self.longest_tenth}
+        return [f"{k} {got[k]:g} > {v}" for k, v in PROSE_LIMITS.items() if got[k] > v]
+
     def longest(self, k: int = 10) -> list:
         """The ``k`` longest sentences, longest first: where to cut."""
         return sorted(self.sentences, key=lambda s: -s[0])[:k]
@@ -284,3 +299,36 @@ def sentence_stats(path) -> SentenceStats:
             sentences += [(len(s.split()), s) for s in split_sentences(block)]
             asides += [(len(a.split()), a) for a in _parentheticals(block)]
     return SentenceStats(path.stem, sentences, asides)
+
+
+#: What counts as a picture among a cell's outputs (a stepped picture's first frame is a PNG too).
+PICTURE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
+NUMBERED_SECTION = re.compile(r"^## (\d+)\.", re.M)
+
+
+def sections_without_a_picture(executed, first_cells: int = 2) -> list[str]:
+    """The numbered main-path sections (``## N.``) of an *executed* chapter that do not open with a picture:
+    none among the outputs of the section's first ``first_cells`` code cells. The pattern
+    (docs/course_design.md, 1): a section is a question, a picture of its mechanism, then the run."""
+    import nbformat
+
+    nb = executed if isinstance(executed, nbformat.NotebookNode) else nbformat.read(executed, as_version=4)
+    missing, heading, seen, pictured = [], None, 0, False
+
+    def close():
+        if heading is not None and not pictured:
+            missing.append(heading)
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and re.search(r"^## ", cell.source, re.M):
+            close()
+            m = NUMBERED_SECTION.search(cell.source)
+            heading = cell.source[m.start():].splitlines()[0] if m else None
+            seen, pictured = 0, False
+            continue
+        if heading is None or cell.cell_type != "code" or seen >= first_cells:
+            continue
+        seen += 1
+        pictured = pictured or any(t in out.get("data", {}) for out in cell.get("outputs", []) for t in PICTURE_TYPES)
+    close()
+    return missing

@@ -2,8 +2,8 @@
 course map, both written by ``parlab times --write`` and checked by the tests (``parlab times --check``).
 
 - *read*: the main path at :data:`parlab.course.reading.READING_RATE` (:func:`parlab.course.reading.chapter_sizes`);
-- *exercises*: :data:`MINUTES_PER_EXERCISE` for each exercise check the chapter runs (an estimate: writing,
-  running and fixing one function), plus reading the Exercises section;
+- *exercises*: for each exercise, :data:`parlab.course.reading.EXERCISE_MINUTES` (a fixed part, then a rate per
+  line of its solution: reading, writing and debugging the function), plus reading the Exercises section;
 - *run*: the whole chapter top to bottom, with its default and with its CI parameters, as the test suite
   measured it on the course's 2-core test machine (``docs/run_times.json``; the suite writes what it
   measured to ``artifacts/run_times.json``, and ``parlab times --measured artifacts/run_times.json --write``
@@ -18,11 +18,10 @@ import pathlib
 import re
 from dataclasses import dataclass
 
-from parlab.course.reading import READING_RATE, chapter_sizes
+from parlab.course.reading import EXERCISE_MINUTES, READING_RATE, chapter_sizes
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 RUN_TIMES = ROOT / "docs" / "run_times.json"
-MINUTES_PER_EXERCISE = 10
 MARK = "<!-- parlab:times -->"  # the Overview's line that this module writes (the comment is invisible when rendered)
 EXERCISES = re.compile(r"^## Exercises\b", re.M)
 SECTION = re.compile(r"^## ", re.M)
@@ -48,21 +47,23 @@ def duration(seconds: float) -> str:
 
 
 def exercise_minutes(path) -> int:
-    """:data:`MINUTES_PER_EXERCISE` per code cell of the Exercises section that runs a check, plus its reading."""
+    """The Exercises section done honestly: :data:`EXERCISE_MINUTES` per exercise (each has a collapsed
+    solution cell, whose length sets how much the learner writes), plus reading the section; rounded up to
+    5 minutes."""
     import nbformat
 
     cells, inside = nbformat.read(path, as_version=4).cells, False
-    checks, words = 0, 0
+    minutes = 0.0
     for cell in cells:
         if cell.cell_type == "markdown" and SECTION.search(cell.source):
             inside = bool(EXERCISES.search(cell.source))
         if not inside:
             continue
         if cell.cell_type == "markdown":
-            words += len(cell.source.split())
-        elif "check_" in cell.source and "solution" not in cell.metadata.get("tags", []):
-            checks += 1
-    minutes = checks * MINUTES_PER_EXERCISE + words / READING_RATE["words_per_minute"]
+            minutes += len(cell.source.split()) / READING_RATE["words_per_minute"]
+        elif "solution" in cell.metadata.get("tags", []):
+            lines = sum(1 for line in cell.source.splitlines() if line.strip())
+            minutes += EXERCISE_MINUTES["each"] + EXERCISE_MINUTES["per_solution_line"] * lines
     return 5 * math.ceil(minutes / 5) if minutes else 0
 
 

@@ -9,6 +9,7 @@
 - :func:`comm_bytes`     bytes per rank, one segment per op (chapter 03: DataParallel vs DDP)
 - :func:`matmul_split`   a matrix product split by columns and by rows over the ranks (chapter 05)
 - :func:`mesh`           which rank sits where on a mesh, and which ranks talk on each axis (chapter 07)
+- :func:`step_through`   a mechanism that moves in steps: its first frame as a picture, a slider for the rest
 
 One module per kind of picture: ``tensors`` (rank_tensors, matmul_split), ``memory`` (memory_bars),
 ``timeline`` (gantt), ``pipeline``, ``comm`` (bandwidth, comm_bytes), ``mesh``, and ``colors`` (the palette
@@ -24,8 +25,9 @@ from parlab.lab.plots.comm import bandwidth, comm_bytes
 from parlab.lab.plots.memory import memory_bars
 from parlab.lab.plots.mesh import AXIS_TALK, mesh
 from parlab.lab.plots.pipeline import pipeline
+from parlab.lab.plots.steps import step_through
 from parlab.lab.plots.tensors import matmul_split, rank_tensors
 from parlab.lab.plots.timeline import LANES, gantt
 
 __all__ = ["AXIS_TALK", "KIND_COLORS", "LANES", "MEMORY_COLORS", "PIPELINE_COLORS", "bandwidth", "comm_bytes", "gantt",
-           "matmul_split", "memory_bars", "mesh", "pipeline", "rank_tensors"]
+           "matmul_split", "memory_bars", "mesh", "pipeline", "rank_tensors", "step_through"]

@@ -933,6 +933,18 @@ def test_every_declared_answer_resolves_to_code():
             assert core._code_of(core._resolve(name)).co_filename.endswith(".py"), name
 
 
+def test_the_refusals_off_switch_is_not_shown_to_a_learner():
+    import parlab.course.exercises as exercises
+    from parlab.lab.parallel import pipeline_schedule as ps
+
+    assert "grading" not in exercises.__all__ and "grading" not in exercises._WHERE
+    assert not hasattr(exercises, "grading") and not hasattr(core, "grading")
+    assert len(exercises._WHERE) == len(set(exercises.__all__)) == len(exercises.__all__)  # each name once
+    assert set(exercises._WHERE) == set(exercises.__all__)
+    with core.refusing("ch06.1", "write it yourself"), core._grading():  # the check's own code, called inside
+        assert ps.gpipe(2, 2)
+
+
 def test_answers_are_refused_as_code_and_unchanged_outside_a_check():
     import inspect
     import sys

@@ -41,7 +41,7 @@ _WHERE = {name: module for module, names in {
     "ch08": ["check_sharded_training"],
     "ch09": ["check_online_softmax_combine", "check_received"],
     "core": ["ExerciseFailed", "Passed", "check_choice", "check_function", "check_ranks", "first_difference",
-             "ANSWERS", "refusing", "refused_answers", "grading", "without", "record_group", "grading", "without", "record_group"],
+             "ANSWERS", "refusing", "refused_answers", "without", "record_group"],
 }.items() for name in names}
 
 
@@ -52,7 +52,7 @@ def __getattr__(name):
 
 
 __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_difference", "check_choice",
-           "ANSWERS", "refusing", "refused_answers", "grading", "without", "record_group",
+           "ANSWERS", "refusing", "refused_answers", "without", "record_group",
            "check_my_slice", "check_hang_prediction", "check_gated_mlp_bytes", "check_activation_scaling",
            "check_max_params", "check_largest_models", "check_recursive_doubling", "check_crossover_bytes",
            "check_send_buffer", "check_below_crossover", "check_weighted_average", "check_ddp_buckets",

@@ -6,7 +6,7 @@ function runs, the package's own answer to the same question is refused (``core.
 
 from __future__ import annotations
 
-from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _name, grading, refusing
+from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _grading, _name, refusing
 
 MESHES = [{"pp": 1, "dp": 4, "tp": 2}, {"pp": 2, "dp": 2, "tp": 2}, {"pp": 2, "dp": 3, "tp": 2},
           {"pp": 3, "dp": 1, "tp": 4}, {"pp": 4, "dp": 2, "tp": 1}, {"pp": 2, "dp": 1, "tp": 1}]
@@ -141,7 +141,7 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
                                      f"{cluster.gpu.memory / 1e9:.0f} GB, which axes may cross the links between "
                                      f"GPUs and between nodes; then price the few that are left.")
             try:
-                with grading():  # the check's own pricing, called from the learner's function
+                with _grading():  # the check's own pricing, called from the learner's function
                     return planner.predict(workload, layout, cluster)
             except ValueError as error:
                 raise ExerciseFailed(f"{where}: price({layout}): {error}") from None

@@ -11,8 +11,8 @@ A check returns a :class:`Passed` (its ``repr`` is the pass message, so a notebo
 - :func:`first_difference`: the sentence that names the first differing element of two tensors.
 - :data:`ANSWERS` and :func:`refusing`: the one refusal. ``ANSWERS["ch06.1"]`` names the package functions that
   answer an exercise; while a check runs the learner's code ``with refusing("ch06.1", why):``, their code fails
-  the check, however the learner reached it (see below); :func:`grading` for the check's own code called from
-  the learner's; :func:`without` refuses named functions the same way.
+  the check, however the learner reached it (see below); ``_grading()`` (private) for the check's own code
+  called from the learner's; :func:`without` refuses named functions the same way.
 - :func:`record_group`: every op issued on a process group while the learner's code runs, whatever thread or
   dispatch mode issues it, each send's partner included (``CommRecord.peer``).
 """
@@ -92,22 +92,49 @@ def _name(fn):
     return getattr(fn, "__name__", repr(fn))
 
 
-def _call(fn, **kwargs):
-    """``fn(**kwargs)``; a learner's function still raising ``NotImplementedError``, or one whose parameters
-    are not the names the check passes, fails the check, saying so."""
+def _call(fn, /, *args, **kwargs):
+    """``fn(*args, **kwargs)``; a learner's function still raising ``NotImplementedError``, one whose parameters
+    are not the names the check passes, or one that raises (a ``ZeroDivisionError`` in its own arithmetic) fails
+    the check, saying so: the input it was called with, the exception, and the line that raised it."""
     try:
         signature = inspect.signature(fn)
-        signature.bind(**kwargs)
+        signature.bind(*args, **kwargs)
     except TypeError:
-        raise ExerciseFailed(f"{_name(fn)}{signature} cannot be called as {_name(fn)}("
-                             f"{', '.join(f'{k}=…' for k in kwargs)}), as the check calls it: keep the parameter "
-                             f"names the exercise gives") from None
+        shown = [*("…" for _ in args), *(f"{k}=…" for k in kwargs)]
+        raise ExerciseFailed(f"{_name(fn)}{signature} cannot be called as {_name(fn)}({', '.join(shown)}), as the "
+                             f"check calls it: keep the parameters the exercise gives") from None
     except ValueError:  # no signature to read (a builtin): let the call say what is wrong
         pass
     try:
-        return fn(**kwargs)
+        return fn(*args, **kwargs)
+    except ExerciseFailed:  # a refusal, or the check's own code called from the learner's: already precise
+        raise
     except NotImplementedError:
         raise ExerciseFailed(f"{_name(fn)} is not written yet (it raises NotImplementedError)") from None
+    except Exception as error:  # noqa: BLE001 - any error in the learner's code becomes the check's message
+        failure = ExerciseFailed(_raised(fn, error, *args, **kwargs))
+        failure.raised = error  # a check may add a hint for the error it recognises
+        raise failure from None
+
+
+def _raised(fn, error: BaseException, *args, **kwargs) -> str:
+    """The sentence for ``fn(*args, **kwargs)`` having raised ``error``: the call, the exception, and the line
+    that raised it (the innermost frame, and the learner's own line when that is elsewhere), not the whole
+    traceback."""
+    import traceback
+
+    shown = ", ".join([*(f"{a!r:.60}" for a in args), *(f"{k}={v!r:.60}" for k, v in kwargs.items())])
+    text = f"{_name(fn)}({shown}) raised {type(error).__name__}: {error}"
+    frames = traceback.extract_tb(error.__traceback__)
+    code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
+    own = [f for f in frames if code is not None and f.filename == code.co_filename and f.name == code.co_name]
+    shown_frames = own[-1:]  # the learner's own line that raised, or led to what raised
+    if frames and not (own and frames[-1] is own[-1]):
+        shown_frames.append(frames[-1])  # and where it was raised, when that is further in
+    for frame in shown_frames:
+        line = (frame.line or "").strip()
+        text += f"\n  at line {frame.lineno} of {frame.name}" + (f": {line}" if line else "")
+    return text
 
 
 # -- the one refusal ---------------------------------------------------------------------------------------------
@@ -238,9 +265,10 @@ def _hook(frame, event, arg):
 
 
 @contextlib.contextmanager
-def grading():
+def _grading():
     """The check's own code, called from inside the learner's (a ``price`` function the learner is given):
-    the answers it calls are not refused."""
+    the answers it calls are not refused. Private, and not exported: the refusal's off switch is no part of
+    what a learner is shown."""
     _GRADING.depth = getattr(_GRADING, "depth", 0) + 1
     try:
         yield
@@ -359,7 +387,7 @@ def check_function(fn, reference, cases, rel: float = 0.01, refuse: tuple | None
     for case in cases:
         expected = reference(**case)
         with _refusing_if(refuse):
-            got = fn(**case)
+            got = _call(fn, **case)
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=rel):
             args = ", ".join(f"{k}={v!r}" for k, v in case.items())
             raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected:.4g}, got {got!r:.12}")

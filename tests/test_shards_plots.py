@@ -1,0 +1,63 @@
+"""The ZeRO shard pictures (parlab.lab.plots.shards): what they draw is what FlatParams and the stages do."""
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from parlab.lab.models import tiny_gpt2
+from parlab.lab.parallel.zero_flat import FlatParams
+from parlab.lab.plots import shards
+
+
+def _model():
+    return tiny_gpt2(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=8)
+
+
+def test_drawn_ownership_is_flat_params_shard_bounds():
+    model, n = _model(), 3  # 3 ranks: the groups' sizes do not divide evenly, so padding shows
+    for stage in (1, 2, 3):
+        lay = shards.layout(stage, model, n, blocks=model.transformer.h, bucket_bytes=1024)
+        assert any(g.padded_numel > g.numel for g in lay.groups)
+        for i, g in enumerate(lay.groups):
+            cols = [c for c in lay.columns if c.group == i]
+            assert [c.owner for c in cols] == list(range(n))
+            for c in cols:  # rank r owns exactly FlatParams.shard's slice of this group's buffer
+                mine = FlatParams(g.name, g.params, g.names, c.owner, n).shard(torch.arange(g.padded_numel))
+                assert (c.start, c.stop) == (int(mine[0]), int(mine[-1]) + 1)
+            assert cols[0].start == 0 and cols[-1].stop == g.padded_numel
+
+
+def test_frames_follow_each_stage():
+    model, n = _model(), 4
+    how = dict(blocks=model.transformer.h, bucket_bytes=2048)
+    for stage in (1, 2, 3):
+        lay = shards.layout(stage, model, n, **how)
+        own = np.array([c.owner for c in lay.columns])[None, :] == np.arange(n)[:, None]
+        frames = shards.zero_frames(lay)
+        first, last = frames[0].state, frames[-1].state
+        assert (first["optimizer state"] == shards.HELD).sum() == own.sum()  # only the owned shard, always
+        assert ((first["weights"] == shards.HELD) == (own if stage == 3 else np.ones_like(own))).all()
+        assert ((last["weights"] == shards.HELD) == (own if stage == 3 else np.ones_like(own))).all()
+        grads = last["gradients"]
+        if stage == 1:  # stage 1 keeps the whole gradient buffer; only the owned shard is reduced
+            assert ((grads == shards.HELD) == own).all() and (grads[~own] == shards.LOCAL).all()
+        else:  # stages 2 and 3 keep the reduced, owned shard only
+            assert ((grads == shards.HELD) == own).all() and (grads[~own] == shards.EMPTY).all()
+        if stage == 3:  # each group gathered twice, forward and backward; at most one block whole at a time
+            for i in range(len(lay.groups)):
+                cols = np.array([c.group == i for c in lay.columns]) & ~own[0]
+                held = [(f.state["weights"][0][cols] == shards.HELD).all() for f in frames]
+                assert sum(b and not a for a, b in zip(held, held[1:])) == 2, lay.groups[i].name
+            blocks = [i for i, g in enumerate(lay.groups) if g.name != "root"]
+            for f in frames:
+                whole = [i for i in blocks
+                         if (f.state["weights"][0][[c.group == i for c in lay.columns]] == shards.HELD).all()]
+                assert len(whole) <= 1, f.label
+
+
+def test_pictures_draw():
+    model = _model()
+    draw, labels = shards.zero_steps(model, 3, blocks=model.transformer.h, bucket_bytes=1024)
+    assert labels[0] == "what each stage keeps" and sum(lab.startswith("stage 3") for lab in labels) == 10
+    for i in (0, 1, len(labels) - 1):
+        assert isinstance(draw(i), Figure)

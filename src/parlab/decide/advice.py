@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Callable
 
 from torch import nn
 
@@ -84,6 +85,8 @@ class Advice:
     largest_layer_fits: bool
     notes: list[str] = field(default_factory=list)
     summary: str = ""                   # the situation and the guide's rule for it, before the choices
+    rule: "Rule | None" = None          # the leaf of RULES that applied
+    path: tuple = ()                    # ((Question, answer), ...) from the root of RULES to that leaf
 
     def fits(self, rec: Recommendation) -> bool | None:
         return None if rec.layout is None else self.memory[rec.layout].total <= self.gpu_memory
@@ -147,14 +150,9 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
     one = c.memory["1 GPU"]
     fits_one = one.total <= c.gpu
     layer_fits = largest_layer_params * one.model_states / num_params <= c.gpu
-    if not layer_fits:
-        guide, recs = _layer_too_large(c)
-    elif nodes == 1 and fits_one:
-        guide, recs = _fits_one_gpu(c)
-    elif nodes == 1:
-        guide, recs = _one_node(c, intra_node, with_acts)
-    else:
-        guide, recs = _several_nodes(c, inter_node, fits_one)
+    situation = Situation(layer_fits, nodes, fits_one, intra_node, inter_node, with_acts)
+    rule, path = walk(situation)
+    guide, recs = rule.guide, rule.advise(c, situation)
     fit = ("Even the largest layer does not fit one GPU." if not layer_fits
            else "It fits one GPU." if fits_one else "It does not fit one GPU.")
     if with_acts:
@@ -164,7 +162,7 @@ def recommend(model=None, *, num_params: int | None = None, largest_layer_params
         need = f"{one.total / GB:.1f} GB of model states"
     summary = f"{fit} One GPU needs {need}; it has {gpu_memory_gb:g} GB. {guide}"
     notes = _notes(c, recs, num_params, config if with_acts else None, micro_batch, seq_len, checkpointing)
-    return Advice(recs, c.memory, c.gpu, fits_one, layer_fits, notes, summary)
+    return Advice(recs, c.memory, c.gpu, fits_one, layer_fits, notes, summary, rule, path)
 
 
 def _model_shape(model, num_params, largest_layer_params) -> tuple:
@@ -220,11 +218,44 @@ class _Layouts:
         return label
 
 
-# -- the guide's rules, one situation each: (the guide's words, the recommendations) ---------------------------
+# -- the guide's rules, as a tree: questions about the situation, and at each leaf the guide's advice ----------
 
 
-def _layer_too_large(c: _Layouts) -> tuple[str, list[Recommendation]]:
-    guide = "The guide: tensor parallelism, or ZeRO-3 with the single-GPU techniques."
+@dataclass(frozen=True)
+class Situation:
+    """What the guide's questions are asked of (:func:`recommend` works it out from the estimates)."""
+
+    layer_fits: bool    # the largest layer's model states fit one GPU
+    nodes: int
+    fits_one: bool      # the whole model (and its activations, if counted) fits one GPU
+    intra_node: str     # "nvlink" or "pcie"
+    inter_node: str     # "fast" or "slow"
+    with_acts: bool     # activations are counted
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A leaf of :data:`RULES`: the guide's advice for one situation. ``offers``: the strategies in a few
+    words (what the tree's picture shows); ``guide``: the guide's sentence (in :attr:`Advice.summary`);
+    ``advise``: the recommendations, with their layouts, for these GPUs."""
+
+    name: str
+    offers: str
+    guide: str
+    advise: Callable[[_Layouts, Situation], list[Recommendation]]
+
+
+@dataclass(frozen=True)
+class Question:
+    """An inner node of :data:`RULES`: ``test(situation)`` answers ``text``; yes leads to ``yes``."""
+
+    text: str
+    test: Callable[[Situation], bool]
+    yes: "Question | Rule"
+    no: "Question | Rule"
+
+
+def _layer_too_large(c: _Layouts, s: Situation) -> list[Recommendation]:
     recs = []
     if c.fits(c.tp) or c.nodes == 1:
         recs.append(Recommendation(c.tp, "the only way to split a layer: each GPU holds a slice of "
@@ -237,12 +268,11 @@ def _layer_too_large(c: _Layouts) -> tuple[str, list[Recommendation]]:
     recs.append(Recommendation(c.z3 + " + offload/checkpointing", "gathers one layer at a time; CPU offload "
                                "and activation checkpointing make room for it; no change to the model, "
                                "but more traffic", c.z3))
-    return guide, recs
+    return recs
 
 
-def _fits_one_gpu(c: _Layouts) -> tuple[str, list[Recommendation]]:
-    guide = "The guide: replicate it (DDP); ZeRO may be faster or slower, so measure."
-    return guide, [
+def _fits_one_gpu(c: _Layouts, s: Situation) -> list[Recommendation]:
+    return [
         Recommendation(c.ddp, "every GPU holds a whole copy and all-reduces gradients after "
                        "backward: the simplest, usually the fastest", c.ddp),
         Recommendation(c.zero, "shards optimizer state (stage 1) and more over the GPUs, freeing "
@@ -250,23 +280,21 @@ def _fits_one_gpu(c: _Layouts) -> tuple[str, list[Recommendation]]:
                        "measure both on your setup", None)]
 
 
-def _one_node(c: _Layouts, intra_node: str, with_acts: bool) -> tuple[str, list[Recommendation]]:
-    """One node, and the model does not fit one GPU."""
-    if intra_node == "pcie":
-        guide = "Over PCIe the guide finds pipeline parallelism fastest."
-        return guide, [
-            Recommendation(c.pp, "only activations cross PCIe, once per stage boundary; the "
-                           "model must be split into stages", c.pp),
-            Recommendation(c.z3, "no change to the model, but it gathers every layer's weights over "
-                           "PCIe at every step: slower than PP there", c.z3)]
-    guide = ("With NVLink/NVSwitch inside the node the guide finds PP, ZeRO and TP about alike in speed; "
-             "they differ in memory and in how much the model must change.")
+def _one_node_pcie(c: _Layouts, s: Situation) -> list[Recommendation]:
+    return [
+        Recommendation(c.pp, "only activations cross PCIe, once per stage boundary; the "
+                       "model must be split into stages", c.pp),
+        Recommendation(c.z3, "no change to the model, but it gathers every layer's weights over "
+                       "PCIe at every step: slower than PP there", c.z3)]
+
+
+def _one_node_nvlink(c: _Layouts, s: Situation) -> list[Recommendation]:
     choices = [
         Recommendation(c.pp, f"cuts the layers into {c.gpus_per_node} stages, one per GPU; only "
                        "activations travel between GPUs, but GPUs idle while the pipeline fills (the "
                        "bubble) and the model must be split into stages"
                        # 1F1B: the first stage keeps p micro-batches of L/p layers (Korthikanti §4.2.3)
-                       + ("; the first stage holds as many activations as one GPU would" if with_acts
+                       + ("; the first stage holds as many activations as one GPU would" if s.with_acts
                           else ""), c.pp),
         Recommendation(c.z3, f"shards weights, gradients and optimizer state over {c.n} GPUs with no change to "
                        "the model; gathers each layer's weights as it runs (1.5× DDP's traffic); "
@@ -275,25 +303,65 @@ def _one_node(c: _Layouts, intra_node: str, with_acts: bool) -> tuple[str, list[
                        "GPUs; all-reduces activations in every layer, so it needs NVLink and layers "
                        "written for it", c.tp)]
     # alike in speed, so what fits comes first (stable: the guide's order otherwise)
-    return guide, sorted(choices, key=lambda r: not c.fits(r.layout))
+    return sorted(choices, key=lambda r: not c.fits(r.layout))
 
 
-def _several_nodes(c: _Layouts, inter_node: str, fits_one: bool) -> tuple[str, list[Recommendation]]:
-    if inter_node == "fast":
-        guide = "Fast links between nodes: the guide offers ZeRO, or PP + TP + DP."
-        recs = [Recommendation(c.zero if fits_one else c.z3, "almost no changes to the model, but "
-                               "the most traffic between nodes (weights gathered at every step)", c.z3),
-                Recommendation(c.three, "less communication than ZeRO, but the model must be "
-                               "rewritten for TP and PP (ZeRO-1 where DP has replicas)", c.three)]
-    else:
-        guide = "Slow links between nodes: the guide offers DP + PP + TP + ZeRO-1."
-        recs = [Recommendation(c.three, "TP inside nodes, PP across them (only activations cross "
-                               "the slow links), DP over the rest, ZeRO-1 to shard optimizer "
-                               "states over its replicas", c.three)]
-    if fits_one:
+def _first_ddp(c: _Layouts, s: Situation, recs: list[Recommendation]) -> list[Recommendation]:
+    if s.fits_one:
         recs.insert(0, Recommendation(c.ddp, "plain data parallelism, the simplest start: a whole copy per "
                                       "GPU, gradients all-reduced across nodes once per step", c.ddp))
-    return guide, recs
+    return recs
+
+
+def _nodes_fast(c: _Layouts, s: Situation) -> list[Recommendation]:
+    return _first_ddp(c, s, [
+        Recommendation(c.zero if s.fits_one else c.z3, "almost no changes to the model, but "
+                       "the most traffic between nodes (weights gathered at every step)", c.z3),
+        Recommendation(c.three, "less communication than ZeRO, but the model must be "
+                       "rewritten for TP and PP (ZeRO-1 where DP has replicas)", c.three)])
+
+
+def _nodes_slow(c: _Layouts, s: Situation) -> list[Recommendation]:
+    return _first_ddp(c, s, [
+        Recommendation(c.three, "TP inside nodes, PP across them (only activations cross "
+                       "the slow links), DP over the rest, ZeRO-1 to shard optimizer "
+                       "states over its replicas", c.three)])
+
+
+#: The guide's decision rules as :func:`recommend` walks them (:func:`walk`); chapter 01 draws this tree.
+RULES = Question(
+    "Does the largest layer fit one GPU?", lambda s: s.layer_fits,
+    no=Rule("layer too large", "TP, or ZeRO-3 + offload",
+            "The guide: tensor parallelism, or ZeRO-3 with the single-GPU techniques.", _layer_too_large),
+    yes=Question(
+        "One node?", lambda s: s.nodes == 1,
+        yes=Question(
+            "Does the model fit one GPU?", lambda s: s.fits_one,
+            yes=Rule("fits one GPU", "DDP (ZeRO: measure)",
+                     "The guide: replicate it (DDP); ZeRO may be faster or slower, so measure.", _fits_one_gpu),
+            no=Question(
+                "NVLink or NVSwitch inside it?", lambda s: s.intra_node == "nvlink",
+                yes=Rule("one node, NVLink", "PP, ZeRO-3 or TP, alike",
+                         "With NVLink/NVSwitch inside the node the guide finds PP, ZeRO and TP about alike in "
+                         "speed; they differ in memory and in how much the model must change.", _one_node_nvlink),
+                no=Rule("one node, PCIe", "PP (ZeRO-3 slower)",
+                        "Over PCIe the guide finds pipeline parallelism fastest.", _one_node_pcie))),
+        no=Question(
+            "Fast links between the nodes?", lambda s: s.inter_node == "fast",
+            yes=Rule("nodes, fast links", "ZeRO, or TP × PP × DP",
+                     "Fast links between nodes: the guide offers ZeRO, or PP + TP + DP.", _nodes_fast),
+            no=Rule("nodes, slow links", "TP × PP × DP + ZeRO-1",
+                    "Slow links between nodes: the guide offers DP + PP + TP + ZeRO-1.", _nodes_slow))))
+
+
+def walk(situation: Situation, tree: "Question | Rule" = RULES) -> tuple[Rule, tuple]:
+    """The leaf of ``tree`` the situation reaches, and the path to it: ``((question, answer), ...)``."""
+    path = []
+    while isinstance(tree, Question):
+        answer = bool(tree.test(situation))
+        path.append((tree, answer))
+        tree = tree.yes if answer else tree.no
+    return tree, tuple(path)
 
 
 def _notes(c: _Layouts, recs: list, num_params: int, config, micro_batch: int, seq_len: int | None,

@@ -10,6 +10,10 @@ Only ``isend``/``recv`` are used, so :func:`parlab.lab.measure.record_comm` coun
 ``numel`` need not divide by n: chunks come from ``tensor_split`` and may differ by one element.
 ``before_step(step)``, if given, runs on this rank before each of its steps (chapter 02 makes one rank
 slow with it, to show that every step waits for the slowest neighbour).
+
+Which chunk a rank sends and receives at each step is :func:`ring_chunks`, the one schedule both phases
+run; :func:`ring_schedule` lists it for every rank and step, and chapter 02 draws it
+(:func:`parlab.lab.plots.ring.ring_frame`) before running the ring, so the picture cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -25,6 +29,28 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> 
     request.wait()
 
 
+def ring_chunks(first: int, step: int, n: int) -> tuple[int, int]:
+    """``(send, receive)``: the chunk indices a rank sends right and receives from the left at ``step`` of a
+    phase. ``first`` is the chunk it sends at step 0: its own rank in the reduce-scatter, the chunk it
+    then owns (:func:`owned_chunk`) in the all-gather. What it receives it sends on at the next step."""
+    return (first - step) % n, (first - step - 1) % n
+
+
+def owned_chunk(rank: int, n: int) -> int:
+    """The chunk rank ``rank`` of ``n`` holds fully summed after the reduce-scatter."""
+    return (rank + 1) % n
+
+
+def ring_schedule(n: int) -> list[tuple[str, int, list[tuple[int, int]]]]:
+    """Every step of a ring all-reduce on ``n`` ranks, in order: ``(phase, step, [(send, receive) per rank])``,
+    n−1 ``"reduce-scatter"`` steps then n−1 ``"all-gather"`` steps, from :func:`ring_chunks`."""
+    steps = []
+    for phase, first in (("reduce-scatter", lambda r: r), ("all-gather", lambda r: owned_chunk(r, n))):
+        for step in range(n - 1):
+            steps.append((phase, step, [ring_chunks(first(r), step, n) for r in range(n)]))
+    return steps
+
+
 def ring_reduce_scatter(chunks: list[torch.Tensor], before_step=None) -> int:
     """Sum ``chunks`` (views of one buffer) over the ring, in place; returns the chunk index this rank
     now holds fully summed: ``(rank + 1) % n``."""
@@ -33,12 +59,12 @@ def ring_reduce_scatter(chunks: list[torch.Tensor], before_step=None) -> int:
     for step in range(n - 1):
         if before_step is not None:
             before_step(step)
-        send_idx = (rank - step) % n      # the partial sum I received last step (my own chunk at step 0)
-        recv_idx = (rank - step - 1) % n  # the partial sum my left neighbour is sending me
+        # send: the partial sum I received last step (my own chunk at step 0); receive: my left neighbour's
+        send_idx, recv_idx = ring_chunks(rank, step, n)
         incoming = torch.empty_like(chunks[recv_idx])
         _exchange(chunks[send_idx], incoming, right, left)
         chunks[recv_idx] += incoming
-    return (rank + 1) % n
+    return owned_chunk(rank, n)
 
 
 def ring_all_gather(chunks: list[torch.Tensor], owned: int, before_step=None) -> None:
@@ -49,8 +75,7 @@ def ring_all_gather(chunks: list[torch.Tensor], owned: int, before_step=None) ->
     for step in range(n - 1):
         if before_step is not None:
             before_step(step)
-        send_idx = (owned - step) % n
-        recv_idx = (owned - step - 1) % n
+        send_idx, recv_idx = ring_chunks(owned, step, n)
         _exchange(chunks[send_idx], chunks[recv_idx], right, left)
 
 

@@ -100,7 +100,8 @@ def hang(run) -> RankTimeoutError:
                      f"(if it is just slow, raise timeout)")
     if returned:
         parts.append(f"{_ranks(returned)} had already returned" + (", so never joined it" if waited else ""))
-    return RankTimeoutError(timeout, run.plan.world_size, stacks, states, "; ".join(parts))
+    return RankTimeoutError(timeout, run.plan.world_size, stacks, states, "; ".join(parts), waited=waited, busy=busy,
+                            returned=returned)
 
 
 # -- words ---------------------------------------------------------------------------------------------------

@@ -72,10 +72,13 @@ class RankCrashedError(LaunchError):
 
 class RankTimeoutError(LaunchError, TimeoutError):
     """No progress within ``timeout`` seconds: a collective could not complete. ``stacks`` maps rank to
-    where that rank was waiting."""
+    where that rank was waiting; ``waited``, ``busy`` and ``returned`` list the ranks that waited in a
+    collective, were busy outside one, and had already returned (what ``plots.ranks.hang`` draws)."""
 
-    def __init__(self, timeout, world_size, stacks: dict[int, str], statuses=None, summary=""):
+    def __init__(self, timeout, world_size, stacks: dict[int, str], statuses=None, summary="", *,
+                 waited=(), busy=(), returned=()):
         self.timeout, self.world_size, self.stacks = timeout, world_size, stacks
+        self.waited, self.busy, self.returned = sorted(waited), sorted(busy), sorted(returned)
         text = f"{summary or 'no progress'} (timeout={timeout:g} s).\n\nWhere each rank was:\n"
         for rank in sorted(stacks):
             text += f"--- rank {rank}: {stacks[rank]}\n"

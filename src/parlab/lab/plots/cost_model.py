@@ -26,7 +26,7 @@ def alpha_beta(alpha: float, beta: float, sizes, title: str = ""):
     for ax in (ax_t, ax_bw):
         ax.axvline(knee, color="#888888", lw=1)
         ax.set_xlabel("message size m (bytes)")
-        ax.legend(fontsize=8, frameon=False, loc="upper left")
+        ax.legend(fontsize=8, frameon=False, loc="upper left" if ax is ax_t else "lower right")
     ax_t.set_ylim(alpha * 1e6 / 3, t.max() * 1e6 * 2)
     ax_t.text(knee * 1.15, alpha * 1e6 / 2.3, f"m* = α/β = {knee / 1024:,.0f} KiB", fontsize=8)
     ax_t.set_ylabel("time per message (µs)")

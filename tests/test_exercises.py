@@ -190,8 +190,50 @@ def test_activation_scaling_check_both_ways():
         check_activation_scaling(halves_both)
 
 
+def halves_with_floor_division(h, a, s, b):  # planted: b // 2, which is 0 at b = 1
+    def per_layer(s, b):
+        return s * b * h * (34 + 5 * a * s / h)
+    return per_layer(s, b) / per_layer(s, b // 2), per_layer(s, b) / per_layer(s // 2, b)
+
+
+def test_chapter_01_a_function_that_raises_fails_its_check_naming_the_call_and_the_line():
+    from parlab.course.exercises import check_crossover_bytes
+
+    with pytest.raises(ExerciseFailed) as err:
+        check_activation_scaling(halves_with_floor_division)
+    message = str(err.value)
+    assert message.startswith("halves_with_floor_division(h=4096, a=32, s=4096, b=1) raised ZeroDivisionError")
+    assert "at line " in message and "of halves_with_floor_division: return per_layer(s, b) / per_layer(s, b // 2)" \
+        in message
+    assert "At b=1, b // 2 is 0: a micro-batch of 1 halved is b / 2 = 0.5" in message
+    assert "Traceback" not in message and message.count("\n") <= 3  # the line that raised, not a traceback
+
+    def crossover_of_nothing(n, alpha, bandwidth):
+        return {}[n]  # raised inside the learner's own code, through check_function
+
+    with pytest.raises(ExerciseFailed, match=r"crossover_of_nothing\(n=\d+, .*\) raised KeyError"):
+        check_crossover_bytes(crossover_of_nothing)
+
+
 def max_params_forgets_sharding(gpu_gb, n_d, stage, k=12):
     return gpu_gb * 1e9 / (4 + k)
+
+
+def _shards(n_d, stage, k=12, weight_bytes=2):  # the learner's bytes per parameter on one GPU
+    return weight_bytes / (n_d if stage >= 3 else 1) + weight_bytes / (n_d if stage >= 2 else 1) \
+        + k / (n_d if stage >= 1 else 1)
+
+
+MAX_PARAMS_MISTAKES = {  # planted: each a unit or a count a learner gets wrong, and the hint that names it
+    "10⁹ times too few: gpu_gb is in GB": lambda gpu_gb, n_d, stage, k=12: gpu_gb / _shards(n_d, stage, k),
+    "You took a GB as 2³⁰ bytes \\(a GiB\\)": (
+        lambda gpu_gb, n_d, stage, k=12: gpu_gb * 2**30 / _shards(n_d, stage, k)),
+    "That is for K = 12: this case has k=4": lambda gpu_gb, n_d, stage, k=12: gpu_gb * 1e9 / _shards(n_d, stage),
+    "You counted 4 bytes each for the weights and gradients": (
+        lambda gpu_gb, n_d, stage, k=12: gpu_gb * 1e9 / _shards(n_d, stage, k, weight_bytes=4)),
+    "got 12000000000. That is what fits at stage 3: stage 0 shards nothing, so n_d does not matter": (
+        lambda gpu_gb, n_d, stage, k=12: gpu_gb * 1e9 * n_d / (4 + k)),  # every byte divided by n_d
+}
 
 
 def test_max_params_check_both_ways():
@@ -199,8 +241,12 @@ def test_max_params_check_both_ways():
     assert "agrees with the reference" in repr(check_max_params(shown["solution_max_params"]))
     assert _max_params(80, 1, 0) == pytest.approx(5e9)  # 80 GB / 16 bytes per parameter
     with pytest.raises(ExerciseFailed, match=r"max_params_forgets_sharding\(gpu_gb=24, n_d=8, stage=1\): "
-                                             r"expected 4\.364e\+09, got 1500000000\.0"):
+                                             r"expected 4\.364e\+09, got 1500000000\.0. That is what fits at "
+                                             r"stage 0: stage 1 shards the optimizer state over the n_d=8 GPUs"):
         check_max_params(max_params_forgets_sharding)
+    for hint, wrong in MAX_PARAMS_MISTAKES.items():
+        with pytest.raises(ExerciseFailed, match=hint):
+            check_max_params(wrong)
     assert "5 B parameters; 64 with ZeRO-3, 320 B" in repr(
         check_largest_models(shown["solution_one_gpu_b"], shown["solution_zero3_64_b"]))
     with pytest.raises(ExerciseFailed, match="zero3_64 = 80"):  # planted: the GPU size for the model size
@@ -416,13 +462,60 @@ def ddp_buckets_always_1mib_first(ready_bytes, bucket_cap_mb=None):
 #: stop, see docs/course_design.md), so that it can stand for a learner's right answer
 ddp_rule = types.FunctionType(_reference_buckets.__code__.replace(co_name="ddp_rule", co_qualname="ddp_rule"),
                               _reference_buckets.__globals__, "ddp_rule", _reference_buckets.__defaults__)
+ddp_rule.__kwdefaults__ = dict(_reference_buckets.__kwdefaults__)  # DDP's rule, not one of its near misses
+
+
+def learners_buckets(ready_bytes, bucket_cap_mb=None, mib=2**20, closes_at_the_limit=True):
+    # a learner's DDP rule, written out; the planted mistakes below change its unit or its comparison
+    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * mib
+    limit = mib if bucket_cap_mb is None else cap
+    buckets, size = [], 0
+    for nbytes in ready_bytes:
+        size += nbytes
+        if size > limit or (closes_at_the_limit and size == limit):
+            buckets.append(size)
+            size, limit = 0, cap
+    return buckets + ([size] if size else [])
+
+
+def buckets_of_a_million_bytes(ready_bytes, bucket_cap_mb=None):  # planted: a MB read as 10⁶ bytes
+    return learners_buckets(ready_bytes, bucket_cap_mb, mib=10**6)
+
+
+def buckets_close_above_the_cap(ready_bytes, bucket_cap_mb=None):  # planted: > for >=
+    return learners_buckets(ready_bytes, bucket_cap_mb, closes_at_the_limit=False)
+
+
+def buckets_of_a_million_close_above(ready_bytes, bucket_cap_mb=None):  # planted: both
+    return learners_buckets(ready_bytes, bucket_cap_mb, mib=10**6, closes_at_the_limit=False)
+
+
+def test_chapter_03_ddp_buckets_names_a_mb_of_a_million_bytes_and_greater_than():
+    from parlab.course.exercises.ch03 import EDGE_CASES
+
+    for ready, cap in EDGE_CASES:  # the learner's rule is DDP's; each mistake differs from it on a fixed case
+        assert learners_buckets(ready, cap) == _reference_buckets(ready, cap)
+        assert buckets_close_above_the_cap(ready, cap) != _reference_buckets(ready, cap) or cap == 1
+    assert buckets_of_a_million_bytes(*EDGE_CASES[1]) != _reference_buckets(*EDGE_CASES[1])  # not by a draw's luck
+    with pytest.raises(ExerciseFailed, match=r"bucket_cap_mb=1\) = \[1000000, 1122112, 4096\]; DDP's rule gives "
+                                             r"\[1073536, 1048576, 4096\].*You read bucket_cap_mb's MB as 10⁶ "
+                                             r"bytes: DDP counts bucket_cap_mb in MiB, 2²⁰ = 1,048,576 bytes"):
+        check_ddp_buckets(buckets_of_a_million_bytes)
+    with pytest.raises(ExerciseFailed, match=r"bucket_cap_mb=None\) = \[1052672, 1052672\].*You close a bucket "
+                                             r"only above the limit \(>\): a bucket closes once it holds the "
+                                             r"limit or more \(>=\)"):
+        check_ddp_buckets(buckets_close_above_the_cap)
+    with pytest.raises(ExerciseFailed, match=r"bucket_cap_mb=1\) = .*You read bucket_cap_mb's MB as 10⁶ bytes \(DDP "
+                                             r"counts bucket_cap_mb in MiB.*\), and you close a bucket only above"):
+        check_ddp_buckets(buckets_of_a_million_close_above)
 
 
 def test_ddp_buckets_check_against_pytorch():
     assert "and on fresh gradient sizes" in repr(check_ddp_buckets(ddp_rule))
     with pytest.raises(ExerciseFailed, match="ch03._reference_buckets is the package's answer"):
         check_ddp_buckets(_reference_buckets)
-    with pytest.raises(ExerciseFailed, match=r"bucket_cap_mb=0.5\)"):
+    with pytest.raises(ExerciseFailed, match=r"bucket_cap_mb=0.5\).*Only at DDP's default cap \(bucket_cap_mb=None\) "
+                                             r"is the first bucket's limit 1 MiB"):
         check_ddp_buckets(ddp_buckets_always_1mib_first)
 
 
@@ -791,6 +884,19 @@ def _reduced_to_rank_0(flat):  # planted: every chunk reduced to rank 0, then th
     return padded.chunk(n)[dist.get_rank()] / n
 
 
+def _whole_buffer_to_every_owner(flat):  # planted: right values and roots, but N× the traffic
+    rank, n = dist.get_rank(), dist.get_world_size()
+    per = -(-flat.numel() // n)
+    padded = torch.zeros(per * n)
+    padded[:flat.numel()] = flat
+    for owner in range(n):
+        whole = padded.clone()
+        dist.reduce(whole, dst=owner)  # every element to every owner, though it keeps one chunk
+        if owner == rank:
+            mine = whole.chunk(n)[rank] / n
+    return mine
+
+
 def test_chapter_04_reduce_to_owners_both_ways():
     from parlab.course.exercises import ch04, check_reduce_to_owners
 
@@ -806,8 +912,33 @@ def test_chapter_04_reduce_to_owners_both_ways():
         check_reduce_to_owners(_nothing_sent_to_owners)
     with pytest.raises(ExerciseFailed, match=r"the reduces had roots \[0, 0, 0\]; each of the 3 ranks owns"):
         check_reduce_to_owners(_reduced_to_rank_0)
+    with pytest.raises(ExerciseFailed, match=r"10-element gradient: the reduces sent 48, 48, 48 bytes, 144 in all, "
+                                             r"but an owner needs only its shard, 4 elements \(16 bytes\)\. Reducing "
+                                             r"the whole buffer to every owner moves 3× the traffic"):
+        check_reduce_to_owners(_whole_buffer_to_every_owner)
     with pytest.raises(ExerciseFailed, match="_reference_owner_shards is the package's answer .*with dist.reduce"):
         check_reduce_to_owners(lambda flat: ch04._reference_owner_shards(flat))
+
+
+def _peak(block_numels, root_numel, prefetch, world_size, pad_root=True, with_root=True, pad_sums=False):
+    # a learner's peak; the planted mistakes below leave the root unpadded or out, or pad a sum once
+    def pad(k):
+        return -(-k // world_size) * world_size
+
+    blocks = block_numels if pad_sums else [pad(b) for b in block_numels]
+    held = [a + b for a, b in zip(blocks, blocks[1:])] if prefetch and len(blocks) > 1 else blocks
+    held = [pad(h) for h in held] if pad_sums else held
+    return (pad(root_numel) if pad_root else root_numel) * with_root + max(held)
+
+
+PEAK_MISTAKES = {  # planted: the hint each must hear
+    "the root is unpadded: the root's weights are gathered into a padded buffer too": (
+        lambda blocks, root, prefetch, n: _peak(blocks, root, prefetch, n, pad_root=False)),
+    "the root is forgotten: the root's weights \\(the embeddings and final norm\\) stay gathered": (
+        lambda blocks, root, prefetch, n: _peak(blocks, root, prefetch, n, with_root=False)),
+    "padding applied once, to the two blocks together: each group is gathered into its own padded buffer": (
+        lambda blocks, root, prefetch, n: _peak(blocks, root, prefetch, n, pad_sums=True)),
+}
 
 
 def test_chapter_04_peak_gathered_both_ways():
@@ -819,6 +950,9 @@ def test_chapter_04_peak_gathered_both_ways():
         check_peak_gathered(lambda blocks, root, prefetch, n: shown["solution_peak_gathered"](blocks, root, prefetch, 1))
     with pytest.raises(ExerciseFailed, match="without prefetch"):
         check_peak_gathered(lambda blocks, root, prefetch, n: shown["solution_peak_gathered"](blocks, root, False, n))
+    for hint, wrong in PEAK_MISTAKES.items():
+        with pytest.raises(ExerciseFailed, match=hint):
+            check_peak_gathered(wrong)
     with pytest.raises(ExerciseFailed, match="reference_peak_gathered is the package's answer"):
         check_peak_gathered(lambda *args: ch04.reference_peak_gathered(*args))
     assert ch04.reference_peak_gathered([1, 2], 0, True, 1) == 3  # and the package's answer is back
@@ -857,6 +991,22 @@ def test_chapter_04_accumulation_volume_both_ways():
     with pytest.raises(ExerciseFailed, match="does every micro-batch's forward find the weights gathered"):
         check_accumulation_volume(lambda s, m: shown["solution_accumulation_volume"](s, 1 if s.startswith("zero3") else m))
 
+    right = shown["solution_accumulation_volume"]
+    for strategy, wrong, hint in (  # planted: one count wrong at a time
+            ("ddp", lambda m: 2 * m, "with no_sync, DDP all-reduces only after the last micro-batch"),
+            ("ddp", lambda m: 1, r"an all-reduce moves 2Ψ per rank \(a reduce-scatter, then an all-gather"),
+            ("zero1", lambda m: m + 1, "stage 1 keeps whole gradients .*, so they accumulate locally"),
+            ("zero2", lambda m: 2 * m, "the updated weights are all-gathered once, after the step"),
+            ("zero3", lambda m: 2 * m + 1, "stage 3 keeps only its shard of the gradients, as stage 2: every "
+                                           "micro-batch's backward reduce-scatters"),
+            ("zero3", lambda m: 2 * m, "stage 3 frees the weights after each block's forward, so backward gathers "
+                                       "them again"),
+            ("zero3_keep", lambda m: 3 * m, "reshard_after_forward=False keeps the weights gathered from forward "
+                                            "into backward: one gather per micro-batch, not two")):
+        with pytest.raises(ExerciseFailed, match=rf"fn\('{strategy}', micro_batches=\d\): .*: {hint}"):
+            check_accumulation_volume(lambda s, m, strategy=strategy, wrong=wrong: wrong(m) if s == strategy
+                                      else right(s, m))
+
     def priced(strategy, micro_batches):  # the planner's answer, refused
         costs = {op: (0.0, 1.0) for op in ("all_reduce", "all_gather", "reduce_scatter")}
         return planner.predict_dp_step(strategy, costs, 1.0, 2, 0, 0, 0, micro_batches=micro_batches)
@@ -879,6 +1029,25 @@ def test_chapter_04_keep_gathered_both_ways():
             check_keep_gathered(block, 2 * saved, sizes, world_size)
     with pytest.raises(ExerciseFailed, match="padded to a multiple of world_size"):  # 3 does not divide the block
         check_keep_gathered(1, 4 * sum(p.numel() for p in _gpt_block(sizes)), sizes, 3)
+    block, saved = shown["solution_keep_gathered"](sizes, 3)
+    assert "keep block 1" in repr(check_keep_gathered(-1, saved, sizes, 3))  # Python's last block is the last block
+    with pytest.raises(ExerciseFailed, match=r"block=None: give an index into model.transformer.h, 0 to 1 \(or -1"):
+        check_keep_gathered(None, saved, sizes, 3)
+    with pytest.raises(ExerciseFailed, match=r"block=2: give an index"):
+        check_keep_gathered(2, saved, sizes, 3)
+    with pytest.raises(ExerciseFailed, match=r"block -2 \(block 0\): every block's backward"):
+        check_keep_gathered(-2, saved, sizes, 3)
+    gathered = {n: shown["solution_keep_gathered"](sizes, n)[1] for n in (3, 4)}  # bytes in the gathered buffer
+    for world_size, got, hint in (  # planted: the bytes in the wrong unit or of the wrong part
+            (3, gathered[3] // 4, r"\(that is the gathered buffer's elements; bytes_saved is in bytes, and the "
+                                  r"weights are fp32 \(4 bytes each\)\)$"),
+            (3, gathered[3] // 3, r"\(that is one rank's shard in bytes; the all-gather fills the whole gathered "
+                                  r"buffer, all 3 shards \(this rank's own included\)\)$"),
+            (3, gathered[3] * 2 // 3, r"\(that is what the other ranks send"),
+            (3, gathered[3] // 2, r"\(that is the buffer in 2-byte values; ZeroStage3 here is fp32"),
+            (4, gathered[4] // 4, r"\(that is the gathered buffer's elements; .*; or one rank's shard in bytes; ")):
+        with pytest.raises(ExerciseFailed, match=r"block -1 is right; bytes_saved=\d+ is not " + hint):
+            check_keep_gathered(-1, got, sizes, world_size)
 
 
 def _gpt_block(sizes):

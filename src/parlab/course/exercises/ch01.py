@@ -103,9 +103,16 @@ def check_activation_scaling(fn) -> Passed:
         s, b, h, a = case["s"], case["b"], case["h"], case["a"]
         full = _layer_bytes(s, b, h, a)
         expected = (full / _layer_bytes(s, b / 2, h, a), full / _layer_bytes(s / 2, b, h, a))
-        with refusing("ch01.2", "the exercise asks for the factors worked out from the formula "
-                      "s·b·h·(34 + 5·a·s/h), not taken from the estimator"):
-            got = _call(fn, **case)
+        try:
+            with refusing("ch01.2", "the exercise asks for the factors worked out from the formula "
+                          "s·b·h·(34 + 5·a·s/h), not taken from the estimator"):
+                got = _call(fn, **case)
+        except ExerciseFailed as failure:
+            if isinstance(getattr(failure, "raised", None), ZeroDivisionError) and b == 1:
+                raise ExerciseFailed(f"{failure}\nAt b=1, b // 2 is 0: a micro-batch of 1 halved is b / 2 = 0.5 in "
+                                     f"the formula (the factor is a ratio of two counts, not a batch you run)."
+                                     ) from None
+            raise
         ok = (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(g, (int, float)) for g in got)
               and all(math.isclose(g, e, rel_tol=1e-3) for g, e in zip(got, expected)))
         if not ok:
@@ -148,8 +155,42 @@ def check_max_params(fn) -> Passed:
             got = _call(fn, **case)
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=0.01):
             args = ", ".join(f"{k}={v!r}" for k, v in case.items())
-            raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected:.4g}, got {got!r:.12}")
+            raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected:.4g}, got "
+                                 f"{f'{got!r:.12}'.rstrip('.')}.{_max_params_mistake(got, **case)}")
     return Passed(f"{_name(fn)} agrees with the reference on all {len(cases)} cases")
+
+
+def _max_params_mistake(got, gpu_gb, n_d, stage, k=12) -> str:
+    """The hint naming the mistake ``got`` makes, when it is one a learner makes (units, sharding, K), else ''."""
+    if not isinstance(got, (int, float)) or isinstance(got, bool) or not got > 0:
+        return ""
+    right = _max_params(gpu_gb, n_d, stage, k)
+    stages = {0: "nothing", 1: "the optimizer state", 2: "the optimizer state and the gradients",
+              3: "the optimizer state, the gradients and the weights"}
+    mistakes = [
+        (right / 1e9, " That is 10⁹ times too few: gpu_gb is in GB, so the GPU holds gpu_gb × 10⁹ bytes, and the "
+                      "answer is a number of parameters, not billions."),
+        (right * 1e9, " That is 10⁹ times too many: divide the GPU's bytes, gpu_gb × 10⁹, by the bytes per "
+                      "parameter."),
+        (right * 2**30 / 1e9, " You took a GB as 2³⁰ bytes (a GiB): a GPU's GB here, as in ZeRO's paper, is 10⁹ "
+                              "bytes."),
+        (gpu_gb * 1e9 / (4 / (n_d if stage >= 3 else 1) + 4 / (n_d if stage >= 2 else 1) + k / (n_d if stage >= 1
+                                                                                                  else 1)),
+         " You counted 4 bytes each for the weights and gradients: in mixed precision they are 2 each (bf16), "
+         "and the fp32 copy is part of the K bytes of optimizer state."),
+    ]
+    if k != 12:
+        mistakes.append((_max_params(gpu_gb, n_d, stage, 12),
+                         f" That is for K = 12: this case has k={k} bytes of optimizer state per parameter."))
+    for other in range(4):
+        if other != stage:
+            mistakes.append((_max_params(gpu_gb, n_d, other, k),
+                             f" That is what fits at stage {other}: stage {stage} shards {stages[stage]}"
+                             + (f" over the n_d={n_d} GPUs." if stage else ", so n_d does not matter.")))
+    for value, hint in mistakes:
+        if not math.isclose(value, right, rel_tol=0.01) and math.isclose(got, value, rel_tol=0.01):
+            return hint
+    return ""
 
 
 def check_largest_models(one_gpu: float, zero3_64: float) -> Passed:

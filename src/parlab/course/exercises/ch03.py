@@ -8,7 +8,8 @@ import random
 import torch
 
 import parlab
-from parlab.course.exercises.core import ExerciseFailed, Passed, _name, refusing
+from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _name, refusing
+
 
 def _shard_sizes(world_size: int, draw: random.Random) -> list[int]:
     """Examples each rank holds in the uneven-shard check, drawn anew at every call: unequal, and summing to
@@ -107,7 +108,46 @@ def _ddp_buckets_on_rank(bucket_cap_mb):
 
 def _buckets_of(fn, ready, cap):
     with refusing("ch03.2", "the exercise asks for DDP's rule applied by you, not the package's bucket layout"):
-        return list(fn(list(ready), cap) if cap is not None else fn(list(ready)))
+        got = _call(fn, list(ready), cap) if cap is not None else _call(fn, list(ready))
+    try:
+        return list(got)
+    except TypeError:
+        raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) returned {got!r:.60}: return a list "
+                             f"of the bytes of each bucket") from None
+
+
+#: Gradient sizes that tell DDP's rule from its near misses every time (drawn sizes do so only by chance): buckets
+#: of exactly the limit (1 MiB first at the default cap; 1 MiB and 0.5 MiB caps), and buckets that reach 10⁶ bytes
+#: (or 0.5·10⁶) but not 2²⁰ (or 2¹⁹): a MiB is 2²⁰ bytes.
+EDGE_CASES = (
+    ([2**19, 2**19, 4096, 2**18, 2**18, 2**18, 2**18, 4096], None),  # a first bucket of exactly 1 MiB
+    ([500_000, 500_000, 8_000, 65_536, 2**18, 2**18, 2**18, 2**18, 4096], 1),  # exactly 10⁶, then exactly 2²⁰
+    ([2**17, 2**17, 2**16, 2**16, 2**17, 2**18, 245_760, 8192, 16384, 4096], 0.5),  # exactly 2¹⁹, then 507,904
+)
+
+
+def _bucket_mistake(got, ready, cap) -> str:
+    """The hint naming the near miss of DDP's rule that ``got`` is, or ''."""
+    unit = "DDP counts bucket_cap_mb in MiB, 2²⁰ = 1,048,576 bytes (int(bucket_cap_mb * 1024 * 1024))"
+    edge = "a bucket closes once it holds the limit or more (>=), so a bucket of exactly the limit closes"
+    named = {  # the single mistakes first: a combined one is named only when neither alone explains ``got``
+        (10**6, ">=", "default", "after"): f"You read bucket_cap_mb's MB as 10⁶ bytes: {unit}.",
+        (2**20, ">", "default", "after"): f"You close a bucket only above the limit (>): {edge}.",
+        (10**6, ">", "default", "after"): f"You read bucket_cap_mb's MB as 10⁶ bytes ({unit}), and you close a "
+                                          f"bucket only above the limit (>): {edge}.",
+        (2**20, ">=", "always", "after"): "Only at DDP's default cap (bucket_cap_mb=None) is the first bucket's limit "
+                                          "1 MiB; a cap you pass applies to every bucket.",
+        (2**20, ">=", "never", "after"): "At DDP's default cap (bucket_cap_mb=None) the first bucket closes at 1 MiB "
+                                         "(dist._DEFAULT_FIRST_BUCKET_BYTES), the later ones at 25 MiB.",
+        (2**20, ">=", "default", "before"): "DDP adds a gradient to the open bucket first and then closes it if it "
+                                            "holds the limit or more: a bucket may end above the limit.",
+    }
+    right = _reference_buckets(ready, cap)
+    for (unit_bytes, closes, first, when), hint in named.items():
+        wrong = _reference_buckets(ready, cap, unit=unit_bytes, closes=closes, first=first, when=when)
+        if wrong != right and got == wrong:
+            return " " + hint
+    return ""
 
 
 def check_ddp_buckets(fn) -> Passed:
@@ -120,31 +160,42 @@ def check_ddp_buckets(fn) -> Passed:
         ready, real = parlab.launch(_ddp_buckets_on_rank, world_size=2, args=(cap,), announce=False,
                                     output="none")[0]
         got = _buckets_of(fn, ready, cap)
-        if list(got) != real:
-            raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {list(got)}; DDP built "
-                                 f"{real} from gradients of {ready} bytes, in that order")
-    # then gradients drawn afresh (DDP's rule, as DDP applied it above): a layout copied from a message fails
+        if got != real:
+            raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {got}; DDP built "
+                                 f"{real} from gradients of {ready} bytes, in that order."
+                                 f"{_bucket_mistake(got, ready, cap)}")
+    # then DDP's rule (as DDP applied it above) at its edges, every time, and on gradients drawn afresh: a layout
+    # copied from a message fails
     draw = random.Random()
-    for cap in (None, 0.25, 1):
-        ready = [4 * draw.choice((64, 256, 4096, 65536, 262144)) for _ in range(draw.randrange(8, 24))]
+    drawn = [([4 * draw.choice((64, 256, 4096, 65536, 262144)) for _ in range(draw.randrange(8, 24))], cap)
+             for cap in (None, 0.25, 1)]
+    for ready, cap in [*EDGE_CASES, *drawn]:
         want = _reference_buckets(ready, cap)
         got = _buckets_of(fn, ready, cap)
-        if list(got) != want:
-            raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {list(got)}; DDP's rule gives "
-                                 f"{want} for gradients of {ready} bytes, in that order")
+        if got != want:
+            raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {got}; DDP's rule gives "
+                                 f"{want} for gradients of {list(ready)} bytes, in that order."
+                                 f"{_bucket_mistake(got, ready, cap)}")
     return Passed(f"{_name(fn)} predicts DDP's rebuilt buckets at the default cap and at 0.5 MiB, and on "
                   f"fresh gradient sizes")
 
 
-def _reference_buckets(ready_bytes, bucket_cap_mb=None):
+def _reference_buckets(ready_bytes, bucket_cap_mb=None, *, unit=2**20, closes=">=", first="default",
+                       when="after"):
     # DDP's rebuild (torch/nn/parallel/distributed.py, _compute_bucket_assignment_by_size): close a bucket
-    # once it holds the limit; the first limit is 1 MiB only when the cap is the default 25 MiB
-    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20
-    limit = 2**20 if bucket_cap_mb is None else cap
+    # once it holds the limit; the first limit is 1 MiB only when the cap is the default 25 MiB. The keywords
+    # give the near misses the check names (a MB of 10⁶ bytes, ">", the first limit always or never 1 MiB, a
+    # bucket closed before the gradient that would take it over the limit).
+    cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * unit)
+    default_first = bucket_cap_mb is None if first == "default" else first == "always"
+    limit = unit if default_first else cap
     buckets, size = [], 0
     for nbytes in ready_bytes:
+        if when == "before" and size and size + nbytes > limit:
+            buckets.append(size)
+            size, limit = 0, cap
         size += nbytes
-        if size >= limit:
+        if when == "after" and (size > limit or (closes == ">=" and size == limit)):
             buckets.append(size)
             size, limit = 0, cap
     return buckets + ([size] if size else [])

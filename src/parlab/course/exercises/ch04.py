@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.course.exercises.core import ExerciseFailed, Passed, first_difference, record_group, refusing
+from parlab.course.exercises.core import ExerciseFailed, Passed, _call, first_difference, record_group, refusing
 from parlab.lab.parallel.comm import _reduce_scatter
 
 FLAT_SIZES = (10, 7, 12, 1)  # elements in the flat gradients the check reduces: most do not divide evenly
@@ -42,11 +42,12 @@ def _owners_on_rank(fn) -> dict:
     for numel in FLAT_SIZES:
         flat = torch.arange(1.0, numel + 1) * (rank + 1)  # distinct per rank: a sum or a wrong rank shows
         want = _reference_owner_shards(flat.clone())
+        shard_bytes = want.numel() * want.element_size()
         try:
             with record_group() as seen, refusing("ch04.1", "write it with dist.reduce, not with the check's own "
                                                              "reference"):
-                got = fn(flat.clone())
-        except ExerciseFailed as refused:
+                got = _call(fn, flat.clone())
+        except ExerciseFailed as refused:  # refused, or raised in the learner's code
             return {"findings": [str(refused)], "ops": []}
         ops |= {r.op for r in seen.records}
         roots = sorted(r.peer for r in seen.records if r.op == "reduce")
@@ -56,6 +57,13 @@ def _owners_on_rank(fn) -> dict:
         elif not {r.op for r in seen.records} - {"reduce"} and roots != list(range(n)):
             findings.append(f"{numel}-element gradient: the reduces had roots {roots}; each of the {n} ranks owns "
                             f"one shard, so each is the root (dst) of exactly one reduce")
+        elif any(r.bytes > shard_bytes for r in seen.records if r.op == "reduce"):
+            sent = sum(r.bytes for r in seen.records if r.op == "reduce")
+            sizes = ", ".join(str(r.bytes) for r in seen.records if r.op == "reduce")
+            findings.append(f"{numel}-element gradient: the reduces sent {sizes} bytes, {sent} in all, but an owner "
+                            f"needs only its shard, {want.numel()} elements ({shard_bytes} bytes). Reducing the "
+                            f"whole buffer to every owner moves {sent / (n * shard_bytes):.3g}× the traffic of a "
+                            f"reduce-scatter: reduce only chunk k of the padded buffer to owner k")
         problem = first_difference(got, want)
         if problem and isinstance(got, torch.Tensor) and got.numel() != want.numel():
             problem += (f": every rank's shard has ⌈{numel}/{n}⌉ = {want.numel()} elements (pad the gradient with "
@@ -98,6 +106,35 @@ def reference_peak_gathered(block_numels, root_numel: int, prefetch: bool, world
     return root + max(a + b for a, b in zip(pad, pad[1:]))
 
 
+def _peak_mistake(got, blocks, root, prefetch, n) -> str:
+    """The hint naming the mistake ``got`` makes, when it is one a learner makes, else ''."""
+    def pad(k):
+        return -(-k // n) * n
+
+    held = [a + b for a, b in zip(blocks, blocks[1:])] if prefetch and len(blocks) > 1 else list(blocks)
+    held_padded = ([pad(a) + pad(b) for a, b in zip(blocks, blocks[1:])] if prefetch and len(blocks) > 1
+                   else [pad(b) for b in blocks])
+    once = "each group is gathered into its own padded buffer: pad every block and the root on its own, then add"
+    mistakes = [
+        (reference_peak_gathered(blocks, root, prefetch, 1), " (no padding: the sizes need padding to a multiple "
+                                                             "of world_size first)"),
+        (reference_peak_gathered(blocks, root, not prefetch, n), " (that is the peak " + ("without" if prefetch
+                                                                                          else "with") + " prefetch)"),
+        (root + max(held_padded), " (the root is unpadded: the root's weights are gathered into a padded buffer "
+                                  "too, so pad root_numel to a multiple of world_size)"),
+        (max(held_padded), " (the root is forgotten: the root's weights (the embeddings and final norm) stay "
+                           "gathered through the whole forward and backward; add them)"),
+        (pad(root) + max(pad(h) for h in held), f" (padding applied once, to the two blocks together: {once})"),
+        (pad(root + max(held)), f" (padding applied once, to the total: {once})"),
+        (pad(root + max(held_padded)), f" (padding applied once, to the root and blocks together: {once})"),
+    ]
+    expected = reference_peak_gathered(blocks, root, prefetch, n)
+    for value, hint in mistakes:
+        if value != expected and got == value:
+            return hint
+    return ""
+
+
 def check_peak_gathered(fn) -> Passed:
     """Chapter 04, exercise 2: ``fn(block_numels, root_numel, prefetch, world_size)`` → the most weights
     (elements) stage 3 holds gathered at once."""
@@ -111,15 +148,11 @@ def check_peak_gathered(fn) -> Passed:
         expected = reference_peak_gathered(blocks, root, prefetch, n)
         with refusing("ch04.2", "work it out from the order stage 3 gathers and frees, not with the check's own "
                                 "reference"):
-            got = fn(list(blocks), root, prefetch, n)
+            got = _call(fn, list(blocks), root, prefetch, n)
         if got != expected:
-            hint = ""
-            if got == reference_peak_gathered(blocks, root, prefetch, 1):
-                hint = " (the sizes need padding to a multiple of world_size first)"
-            elif got == reference_peak_gathered(blocks, root, not prefetch, n):
-                hint = " (that is the peak " + ("without" if prefetch else "with") + " prefetch)"
             raise ExerciseFailed(f"fn(block_numels={blocks}, root_numel={root}, prefetch={prefetch}, "
-                                 f"world_size={n}): expected {expected}, got {got!r}{hint}")
+                                 f"world_size={n}): expected {expected}, got {got!r}"
+                                 f"{_peak_mistake(got, blocks, root, prefetch, n)}")
     return Passed(f"fn agrees with the reference on all {len(cases)} cases, {len(cases) - 8} of them drawn anew")
 
 
@@ -133,6 +166,40 @@ def _accumulation_volume(strategy: str, micro_batches: int) -> float:
     return {"ddp": 2, "zero1": 2, "zero2": m + 1, "zero3": 3 * m, "zero3_keep": 2 * m}[strategy]
 
 
+#: strategy -> (the volume a plausible mistake gives for m micro-batches, the hint naming it)
+_ACCUMULATION_MISTAKES = {
+    "ddp": [(lambda m: 2 * m, ": with no_sync, DDP all-reduces only after the last micro-batch; the gradients "
+                              "accumulate locally before it"),
+            (lambda m: 1, ": an all-reduce moves 2Ψ per rank (a reduce-scatter, then an all-gather, Ψ each)")],
+    "zero1": [(lambda m: 2 * m, ": stage 1 keeps whole gradients, so they accumulate locally: one reduce-scatter "
+                                "and one all-gather per step, as DDP"),
+              (lambda m: m + 1, ": stage 1 keeps whole gradients (it shards only the optimizer state), so they "
+                                "accumulate locally and are reduce-scattered once, before the step")],
+    "zero2": [(lambda m: 2, ": stage 2 keeps only its shard of the gradients, so where does the next micro-batch's "
+                            "gradient go before the step?"),
+              (lambda m: 2 * m, ": the updated weights are all-gathered once, after the step, not after every "
+                                "micro-batch")],
+    "zero3": [(lambda m: 3, ": does every micro-batch's forward find the weights gathered?"),
+              (lambda m: 2 * m + 1, ": stage 3 keeps only its shard of the gradients, as stage 2: every "
+                                    "micro-batch's backward reduce-scatters (Ψ each)"),
+              (lambda m: 2 * m, ": stage 3 frees the weights after each block's forward, so backward gathers them "
+                                "again: two gathers per micro-batch, and a reduce-scatter")],
+    "zero3_keep": [(lambda m: 2, ": does every micro-batch's forward find the weights gathered?"),
+                   (lambda m: 3 * m, ": reshard_after_forward=False keeps the weights gathered from forward into "
+                                     "backward: one gather per micro-batch, not two")],
+}
+
+
+def _accumulation_mistake(got, strategy: str, m: int) -> str:
+    """The hint naming the mistake ``got`` makes, when it is one a learner makes, else ''."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return ": return a number, the volume in units of Ψ (one model's worth of values per rank)"
+    for mistake, hint in _ACCUMULATION_MISTAKES.get(strategy, ()):
+        if mistake(m) != _accumulation_volume(strategy, m) and abs(got - mistake(m)) < 1e-9:
+            return hint
+    return ""
+
+
 def check_accumulation_volume(fn) -> Passed:
     """Chapter 04, exercise 3: ``fn(strategy, micro_batches)`` → the communication volume per rank and step, in
     units of Ψ, when gradients are accumulated over ``micro_batches`` forward/backward passes before one
@@ -142,15 +209,10 @@ def check_accumulation_volume(fn) -> Passed:
         for m in (1, 2, 8, 5):
             expected = _accumulation_volume(strategy, m)
             with refusing("ch04.3", "count the collectives yourself, not with the planner or the check's own answer"):
-                got = fn(strategy, m)
+                got = _call(fn, strategy, m)
             if not isinstance(got, (int, float)) or abs(got - expected) > 1e-9:
-                hint = ""
-                if strategy == "zero2" and got == 2:
-                    hint = (": stage 2 keeps only its shard of the gradients, so where does the next micro-batch's "
-                            "gradient go before the step?")
-                elif strategy.startswith("zero3") and got == _accumulation_volume(strategy, 1):
-                    hint = ": does every micro-batch's forward find the weights gathered?"
-                raise ExerciseFailed(f"fn({strategy!r}, micro_batches={m}): expected {expected}Ψ, got {got!r}{hint}")
+                raise ExerciseFailed(f"fn({strategy!r}, micro_batches={m}): expected {expected}Ψ, got {got!r}"
+                                     f"{_accumulation_mistake(got, strategy, m)}")
     return Passed(f"the volumes of all {len(ACCUMULATING)} strategies, for 1 to 8 micro-batches, are right")
 
 
@@ -164,20 +226,34 @@ def check_keep_gathered(block: int, bytes_saved: int, sizes: dict, world_size: i
     from parlab.lab.models import tiny_gpt2
 
     model = tiny_gpt2(**sizes)
-    last = len(model.transformer.h) - 1
+    blocks = len(model.transformer.h)
+    last = blocks - 1
     numel = sum(p.numel() for p in model.transformer.h[last].parameters())
     padded = -(-numel // world_size) * world_size
-    if block != last:
-        raise ExerciseFailed(f"block {block!r}: every block's backward gathers its weights again; which one's "
+    if isinstance(block, bool) or not isinstance(block, int) or not -blocks <= block < blocks:
+        raise ExerciseFailed(f"block={block!r}: give an index into model.transformer.h, 0 to {last} "
+                             f"(or -1 for the last, as Python counts)")
+    if block % blocks != last:  # -1 is Python's last block: the same block
+        raise ExerciseFailed(f"block {block!r}{f' (block {block % blocks})' if block < 0 else ''}: every block's "
+                             f"backward gathers its weights again; which one's "
                              f"backward comes first, right after the forward has used it?")
-    if bytes_saved != 4 * padded:
-        hint = ""
-        if bytes_saved == 4 * numel:
-            hint = " (close: the gathered buffer is padded to a multiple of world_size)"
-        elif bytes_saved == 8 * padded:
-            hint = " (only one gather is skipped: the one before its backward)"
-        elif bytes_saved == padded:
-            hint = " (that is elements; the weights are fp32)"
+    right = 4 * padded
+    if bytes_saved != right:
+        shard = padded // world_size
+        mistakes = [  # (the value a plausible mistake gives, what it is): two may coincide at some world sizes
+            (4 * numel, "the block's bytes unpadded; the gathered buffer is padded to a multiple of world_size"),
+            (8 * padded, "two gathers; only one gather is skipped, the one before its backward"),
+            (padded, "the gathered buffer's elements; bytes_saved is in bytes, and the weights are fp32 (4 bytes "
+                     "each)"),
+            (4 * shard, "one rank's shard in bytes; the all-gather fills the whole gathered buffer, all "
+                       f"{world_size} shards (this rank's own included)"),
+            (shard, "one rank's shard in elements; count the whole gathered buffer, in bytes (fp32: 4 each)"),
+            (4 * (padded - shard), "what the other ranks send; count the whole gathered buffer, this rank's own "
+                                   "shard included"),
+            (2 * padded, "the buffer in 2-byte values; ZeroStage3 here is fp32: 4 bytes each"),
+        ]
+        named = [what for value, what in mistakes if value == bytes_saved and value != right]
+        hint = f" (that is {'; or '.join(named)})" if named else ""
         raise ExerciseFailed(f"block {block} is right; bytes_saved={bytes_saved!r} is not{hint}")
     return Passed(f"keep block {last} (backward starts with it): {4 * padded:,} B less all-gather per step, "
                   f"for one block's weights held a little longer")

@@ -8,6 +8,8 @@ doubles (the attention scores), as :func:`term_growth` finds by asking ``layer_t
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
@@ -42,7 +44,7 @@ def layer_saves(arch: Architecture, shapes: list[tuple[int, int]], bytes_per_val
             width = term.bytes / unit
             ax.barh(y, width, left=left, color=lighter(GROWTH_COLORS[growth], 0.3 * (k % 2)),
                     edgecolor="white", linewidth=0.8)
-            if width > 0.16 * max(totals) / unit:
+            if width > 0.12 * max(totals) / unit:
                 ax.text(left + width / 2, y, _short(term.name), ha="center", va="center", fontsize=7,
                         color="white")
             left += width
@@ -65,8 +67,7 @@ def layer_saves(arch: Architecture, shapes: list[tuple[int, int]], bytes_per_val
 
 def _short(name: str) -> str:
     """A term's name in at most two short lines."""
-    words = name.replace("(", "").replace(")", "").split()
-    return " ".join(words[:2]) + ("\n" + " ".join(words[2:4]) if len(words) > 2 else "")
+    return "\n".join(textwrap.wrap(name.replace("(", "").replace(")", ""), 16)[:2])
 
 
 def checkpointing_schedule(layers: int) -> list[tuple[str, list[int], int | None]]:

@@ -1,5 +1,5 @@
 """Model states drawn as what they are made of: the bytes one parameter costs (:func:`bytes_per_parameter`),
-and which rank holds which shard of them under each ZeRO stage (:func:`zero_holdings`, :func:`zero_steps`).
+and which rank holds which shard of them under each ZeRO stage (:func:`zero_holdings`, :func:`zero_stages`).
 
 Both read :func:`parlab.lab.measure.estimate_memory`: a bar's segments are the estimator's weights, gradients
 and optimizer state per parameter (the optimizer's split into the fp32 master copy and the optimizer's own
@@ -118,7 +118,7 @@ def zero_holdings(world_size: int, stage: int, precision: str = "bf16") -> Figur
     return fig
 
 
-def zero_steps(world_size: int, precision: str = "bf16") -> None:
+def zero_stages(world_size: int, precision: str = "bf16") -> None:
     """:func:`zero_holdings` for stages 0 to 3, behind a slider (stage 0 first)."""
     from parlab.lab.plots.steps import step_through
 

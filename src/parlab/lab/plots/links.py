@@ -26,6 +26,7 @@ LINK_STYLE = {"NV": ("#55A868", "NVLink"), "PIX": ("#DD8452", "PCIe switch"), "P
 
 def parse_topology(text: str) -> dict[tuple[int, int], str]:
     """``{(i, j): kind}`` for every GPU pair ``i < j`` of an ``nvidia-smi topo -m`` matrix (``"NV2"``, ``"SYS"``…)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)   # a terminal's colour codes, if any
     rows = [line.split() for line in text.splitlines() if re.match(r"\s*GPU\d+\s", line)]
     header = next((line.split() for line in text.splitlines() if re.match(r"\s+GPU0\s", line)), [])
     gpus = [h for h in header if re.fullmatch(r"GPU\d+", h)]

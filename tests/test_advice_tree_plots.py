@@ -41,7 +41,7 @@ def test_recommend_reaches_the_leaf_and_offers_what_it_says(name):
 
 def test_the_picture_draws_every_node_and_colours_the_path():
     advice = recommend(**SITUATIONS["one node, PCIe"])
-    ax = advice_tree(advice, pyplot=False).axes[0]
+    ax = advice_tree(RULES, advice, pyplot=False).axes[0]
     texts = " ".join(t.get_text().replace("\n", " ") for t in ax.texts)
     for node in _nodes(RULES):
         words = (node.text if isinstance(node, Question) else node.offers).split()

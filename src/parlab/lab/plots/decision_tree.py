@@ -1,7 +1,8 @@
 """The guide's decision rules drawn as the tree :func:`parlab.decide.advice.recommend` walks
 (:data:`parlab.decide.advice.RULES`): its questions, its leaves (what the guide offers), and the path one
 :class:`~parlab.decide.advice.Advice` took, highlighted. The tree is read from the rules' own objects, so
-the picture cannot drift from the advice.
+the picture cannot drift from the advice. (A question is a node with ``yes`` and ``no``, a leaf one
+without: this floor does not import :mod:`parlab.decide`, which sits above it.)
 """
 
 from __future__ import annotations
@@ -11,19 +12,21 @@ import textwrap
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from parlab.decide.advice import RULES, Question, Rule
-
 PATH_COLOR = "#DD8452"
 
 
-def tree_layout(tree=RULES) -> dict[int, tuple[float, int]]:
+def _is_question(node) -> bool:
+    return hasattr(node, "yes") and hasattr(node, "no")
+
+
+def tree_layout(tree) -> dict[int, tuple[float, int]]:
     """``{id(node): (x, depth)}``: leaves one slot apart, left to right in yes-before-no order; a question
     centred over its two answers."""
     at: dict[int, tuple[float, int]] = {}
     slot = [0]
 
     def place(node, depth: int) -> float:
-        if isinstance(node, Rule):
+        if not _is_question(node):
             at[id(node)] = (slot[0], depth)
             slot[0] += 1
             return at[id(node)][0]
@@ -42,17 +45,18 @@ def _box(ax, x, y, text, width, on_path, leaf):
                       edgecolor=PATH_COLOR if on_path else "#555555", linewidth=2 if on_path else 1))
 
 
-def advice_tree(advice=None, tree=RULES, title: str = "", pyplot: bool = True):
-    """The tree of the guide's rules; with ``advice`` (a :class:`~parlab.decide.advice.Advice`), the path
-    it took and the leaf it reached in colour, and the leaf's recommendations under it."""
+def advice_tree(tree, advice=None, title: str = "", pyplot: bool = True):
+    """The tree of the guide's rules (``parlab.decide.advice.RULES``); with ``advice`` (an
+    :class:`~parlab.decide.advice.Advice`), the path it took and the leaf it reached in colour, and the
+    leaf's recommendations under it."""
     at = tree_layout(tree)
     on_path = {id(q) for q, _ in advice.path} | {id(advice.rule)} if advice is not None else set()
-    leaves = sum(isinstance(n, Rule) for n in _nodes(tree))
+    leaves = sum(not _is_question(n) for n in _nodes(tree))
     fig = (plt.figure if pyplot else Figure)(figsize=(max(8, 1.9 * leaves), 5.2))
     ax = fig.subplots()
     for node in _nodes(tree):
         x, depth = at[id(node)]
-        if isinstance(node, Question):
+        if _is_question(node):
             for answer, child in (("yes", node.yes), ("no", node.no)):
                 cx, cd = at[id(child)]
                 taken = id(node) in on_path and id(child) in on_path
@@ -79,6 +83,6 @@ def advice_tree(advice=None, tree=RULES, title: str = "", pyplot: bool = True):
 def _nodes(tree):
     """Every node of ``tree``, questions before their answers."""
     yield tree
-    if isinstance(tree, Question):
+    if _is_question(tree):
         yield from _nodes(tree.yes)
         yield from _nodes(tree.no)

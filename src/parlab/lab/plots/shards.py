@@ -256,7 +256,8 @@ def zero_steps(module, world_size: int, stages=(1, 2, 3), *, blocks=None, bucket
     """``(draw, labels)`` for :func:`~parlab.lab.plots.steps.step_through`: what every stage keeps (when
     ``overview``), then one training step of each of ``stages``, phase by phase."""
     how = dict(blocks=blocks, bucket_bytes=bucket_bytes)
-    lays = {s: layout(s, module, world_size, **how) for s in (1, 2, 3)}
+    wanted = set(stages) | ({1, 2, 3} if overview else set())
+    lays = {s: layout(s, module, world_size, **how) for s in sorted(wanted)}
     frames = [(lays[s], f) for s in stages for f in zero_frames(lays[s])]
     labels = (["what each stage keeps"] if overview else []) + [f"stage {lay.stage}: {f.label.split(':')[0]}"
                                                                for lay, f in frames]

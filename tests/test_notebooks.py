@@ -326,15 +326,38 @@ def test_assert_coverage_catches_a_skipped_assert(tmp_path, tmp_path_factory):
         "assert world_size >= 2", "assert parlab.rank() < parlab.world_size()", "assert n > 0", "assert True"])
 
 
+# What every chapter does with what a machine shares (its kernel's channels, the launcher's rendezvous, a
+# rank that fails): a workshop's learners meet these at the same moment, whatever chapter each runs.
+WORKSHOP_CELLS = [
+    "import parlab\n%load_ext parlab",
+    "def total(x):\n    import torch, torch.distributed as dist\n    t = torch.tensor([float(x + parlab.rank())])\n"
+    "    dist.all_reduce(t)\n    return t.item()\n\nassert parlab.launch(total, 2, args=(1,), announce=False) == [3.0, 3.0]",
+    "%%ranks -n 2\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(parlab.rank(), t.item())",
+    "def fails():\n    if parlab.rank() == 1:\n        raise ValueError('rank 1 fails')\n\ntry:\n"
+    "    parlab.launch(fails, 2, announce=False)\nexcept Exception as exc:\n    assert 'rank 1' in str(exc), exc\n"
+    "else:\n    raise AssertionError('no error')",
+]
+
+
 @pytest.mark.slow
 def test_eight_headless_chapters_at_once(tmp_path):
-    """A workshop box: 8 learners run chapter 00 (2 ranks each) at the same moment. No fixed port and no
+    """A workshop box: 8 learners run a chapter (2 ranks each) at the same moment. No fixed port and no
     shared state, so none collides with another (the kernels' channels are Unix sockets: with TCP, one
-    kernel in a few such runs died on a port another had just picked); on 2 cores this takes about 1.5
-    minutes."""
+    kernel in a few such runs died on a port another had just picked). Each runs a small chapter of what
+    every chapter does with what the machine shares: a launch with a collective, a ``%%ranks`` cell, a rank
+    that fails (the whole chapter 00 eight times took about 1.5 minutes of the suite for the same
+    collisions)."""
+    chapters = tmp_path / "notebooks"
+    chapters.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in WORKSHOP_CELLS])
+    nb.cells.insert(0, nbformat.v4.new_code_cell("world_size = 2"))
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["parlab"] = {"ci_parameters": {"world_size": 2}}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, chapters / "00_workshop.ipynb")
     logs = [open(tmp_path / f"learner{i}.log", "w") for i in range(8)]
-    runs = [subprocess.Popen([sys.executable, "-m", "parlab", "run", "--ci", "--chapters", "00", "--no-html",
-                              "--output", str(tmp_path / f"learner{i}")], cwd=tmp_path, stdout=log,
+    runs = [subprocess.Popen([sys.executable, "-m", "parlab", "run", "--ci", "--notebooks", str(chapters),
+                              "--no-html", "--output", str(tmp_path / f"learner{i}")], cwd=tmp_path, stdout=log,
                              stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
     for run, log in zip(runs, logs):
         run.wait(timeout=800)
@@ -342,7 +365,11 @@ def test_eight_headless_chapters_at_once(tmp_path):
     for i, run in enumerate(runs):
         out = (tmp_path / f"learner{i}.log").read_text()
         assert run.returncode == 0, f"learner {i}:\n{out[-3000:]}"
-        assert "| 00_welcome | passed " in out and (tmp_path / f"learner{i}" / "00_welcome.ipynb").exists()
+        assert "| 00_workshop | passed " in out and (tmp_path / f"learner{i}" / "00_workshop.ipynb").exists()
+        executed = nbformat.read(tmp_path / f"learner{i}" / "00_workshop.ipynb", as_version=4)
+        printed = "".join(o.get("text", "") for c in executed.cells if c.source.startswith("%%ranks")
+                          for o in c.outputs)
+        assert "[rank 0] 0 2.0" in printed and "[rank 1] 1 2.0" in printed, f"learner {i}: the %%ranks cell printed {printed!r}"
 
 
 def _checkout_status() -> set[str]:

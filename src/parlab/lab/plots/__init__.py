@@ -11,6 +11,20 @@
 - :func:`mesh`           which rank sits where on a mesh, and which ranks talk on each axis (chapter 07)
 - :func:`step_through`   a mechanism that moves in steps: its first frame as a picture, a slider for the rest
 
+The mechanisms, each drawn from the objects the chapter's next cell runs (the learner's pattern,
+docs/course_design.md):
+
+- ``ranks``         :func:`world` (the launcher, its ranks, their devices and values), :func:`hang` (who waits
+                    in a collective) (chapter 00)
+- ``model_states``  :func:`bytes_per_parameter`, :func:`zero_stages` (who holds which model state) (chapter 01)
+- ``activations``   :func:`layer_saves` (what a block keeps for backward), :func:`checkpointing_steps` (01)
+- ``decision_tree`` :func:`advice_tree`: the guide's rules as the tree ``parlab.decide.advice`` walks (01)
+- ``ring``          :func:`ring_steps`: a ring all-reduce's 2(n−1) steps, from the ring's own schedule (02)
+- ``cost_model``    :func:`alpha_beta`: the α-β model's two regimes (02); ``links``: :func:`gpu_links` (02)
+- ``dataflow``      :func:`ddp_step`, :func:`dp_vs_ddp`: one step's data flow (03)
+- ``buckets``       :func:`bucket_list`, :func:`layer_steps`: DDP's buckets, and their firing during backward (03)
+- ``shards``        :func:`zero_steps`, :func:`draw_kept`: who holds which shard when, ZeRO stages 1–3 (04)
+
 One module per kind of picture: ``tensors`` (rank_tensors, matmul_split), ``memory`` (memory_bars),
 ``timeline`` (gantt), ``pipeline``, ``comm`` (bandwidth, comm_bytes), ``mesh``, and ``colors`` (the palette
 they share); every name is importable from ``parlab.lab.plots`` as before.
@@ -20,14 +34,27 @@ Each returns the matplotlib ``Figure``; end the notebook line with ``;`` so it i
 which JupyterLab's kernel subshells run on another thread than the cells, draws that way.
 """
 
+from parlab.lab.plots.activations import checkpointing_steps, layer_saves
+from parlab.lab.plots.buckets import bucket_list, layer_steps
 from parlab.lab.plots.colors import KIND_COLORS, MEMORY_COLORS, PIPELINE_COLORS
 from parlab.lab.plots.comm import bandwidth, comm_bytes
+from parlab.lab.plots.cost_model import alpha_beta
+from parlab.lab.plots.dataflow import ddp_step, dp_vs_ddp
+from parlab.lab.plots.decision_tree import advice_tree
+from parlab.lab.plots.links import gpu_links
 from parlab.lab.plots.memory import memory_bars
 from parlab.lab.plots.mesh import AXIS_TALK, mesh
+from parlab.lab.plots.model_states import bytes_per_parameter, zero_stages
 from parlab.lab.plots.pipeline import pipeline
+from parlab.lab.plots.ranks import hang, world
+from parlab.lab.plots.ring import ring_steps
+from parlab.lab.plots.shards import draw_kept, zero_steps
 from parlab.lab.plots.steps import step_through
 from parlab.lab.plots.tensors import matmul_split, rank_tensors
 from parlab.lab.plots.timeline import LANES, gantt
 
-__all__ = ["AXIS_TALK", "KIND_COLORS", "LANES", "MEMORY_COLORS", "PIPELINE_COLORS", "bandwidth", "comm_bytes", "gantt",
-           "matmul_split", "memory_bars", "mesh", "pipeline", "rank_tensors", "step_through"]
+__all__ = ["AXIS_TALK", "KIND_COLORS", "LANES", "MEMORY_COLORS", "PIPELINE_COLORS", "advice_tree", "alpha_beta",
+           "bandwidth", "bucket_list", "bytes_per_parameter", "checkpointing_steps", "comm_bytes", "ddp_step",
+           "dp_vs_ddp", "draw_kept", "gantt", "gpu_links", "hang", "layer_saves", "layer_steps", "matmul_split",
+           "memory_bars", "mesh", "pipeline", "rank_tensors", "ring_steps", "step_through", "world", "zero_stages",
+           "zero_steps"]

@@ -35,6 +35,7 @@ def test_frames_follow_each_stage():
         own = np.array([c.owner for c in lay.columns])[None, :] == np.arange(n)[:, None]
         frames = shards.zero_frames(lay)
         first, last = frames[0].state, frames[-1].state
+        assert frames[0].label == shards.KEPT and all((first[k] == last[k]).all() for k in shards.KINDS)
         assert (first["optimizer state"] == shards.HELD).sum() == own.sum()  # only the owned shard, always
         assert ((first["weights"] == shards.HELD) == (own if stage == 3 else np.ones_like(own))).all()
         assert ((last["weights"] == shards.HELD) == (own if stage == 3 else np.ones_like(own))).all()
@@ -58,6 +59,27 @@ def test_frames_follow_each_stage():
 def test_pictures_draw():
     model = _model()
     draw, labels = shards.zero_steps(model, 3, blocks=model.transformer.h, bucket_bytes=1024)
-    assert labels[0] == "what each stage keeps" and sum(lab.startswith("stage 3") for lab in labels) == 10
+    assert labels[0].startswith(shards.KEPT) and sum(lab.startswith("stage 3") for lab in labels) == 10
     for i in (0, 1, len(labels) - 1):
         assert isinstance(draw(i), Figure)
+
+
+def test_kept_agrees_with_the_memory_table():
+    """After a step (section 5's measurement): stage 0 whole copies in one neutral colour, stage 1 whole
+    gradients, stages 2 and 3 a 1/N shard of them."""
+    model, n = _model(), 4
+    lays = [shards.layout(s, model, n, blocks=model.transformer.h, bucket_bytes=2048) for s in (1, 2, 3)]
+    for lay in lays:
+        grads = shards.zero_frames(lay)[0].state["gradients"]
+        own = np.array([c.owner for c in lay.columns])[None, :] == np.arange(n)[:, None]
+        held = grads != shards.EMPTY
+        assert (held == (np.ones_like(own) if lay.stage == 1 else own)).all(), lay.stage
+    fig, white = shards.draw_kept(lays), (1.0, 1.0, 1.0, 1.0)
+    for k, ax in enumerate(fig.axes[:4]):  # stage 0, 1, 2, 3
+        faces = [tuple(p.get_facecolor()) for p in ax.patches]
+        if k == 0:  # DDP: every cell the same neutral colour (no owner), no padding
+            assert len(set(faces)) == 1 and len(faces) == 3 * n * len(lays[0].columns)
+            continue
+        band = [p for p in ax.patches if n + 1.2 - 1e-9 <= p.get_y() < 2 * (n + 1.2) - 1e-9]  # gradients
+        empty = sum(tuple(p.get_facecolor()) == white for p in band)
+        assert empty == (0 if k == 1 else (n - 1) * len(lays[k - 1].columns)), (k, empty)

@@ -5,7 +5,8 @@ own ``_layout`` and :class:`~parlab.lab.parallel.zero_flat.FlatParams`, without 
 :func:`zero_frames` walks one training step of a stage over those groups: after each phase, which slice of
 the weights, the gradients and the optimizer state each rank holds. :func:`draw_frame` draws one phase as a
 rank × {weights, gradients, optimizer state} grid, each slice coloured by the rank that owns it;
-:func:`draw_kept` draws what every stage keeps between steps; :func:`zero_steps` gives a
+:func:`draw_kept` draws what every stage keeps after a step (before ``zero_grad``), data parallelism's whole
+copies in one neutral colour; :func:`zero_steps` gives a
 ``(draw, labels)`` pair for :func:`~parlab.lab.plots.steps.step_through`.
 """
 
@@ -22,7 +23,9 @@ from matplotlib.patches import Patch, Rectangle
 from parlab.lab.plots.colors import lighter
 
 KINDS = ("weights", "gradients", "optimizer state")
-EMPTY, LOCAL, HELD = 0, 1, 2  # not held; this rank's own gradient, not yet reduced; held
+EMPTY, LOCAL, HELD, WHOLE = 0, 1, 2, 3  # not held; own gradient, not reduced; held; a copy no one owns (DDP)
+NEUTRAL, UNREDUCED = "#9A9A9A", "#EDEDED"  # WHOLE's colour; LOCAL's, under its hatching
+KEPT = "after a step, before zero_grad"  # the moment the first frame shows, and section 5's memory
 
 
 def rank_color(r: int):
@@ -96,6 +99,9 @@ def zero_frames(lay: Layout) -> list[Frame]:
     state = {k: np.zeros(own.shape, int) for k in KINDS}
     state["weights"][every if lay.stage < 3 else own] = HELD
     state["optimizer state"][own] = HELD
+    state["gradients"][own] = HELD  # the reduced shard the optimizer stepped with, kept until zero_grad
+    if lay.stage == 1:  # stage 1's whole flat gradient buffer: the rest is this rank's own, unreduced
+        state["gradients"][~own] = LOCAL
     frames = []
 
     def phase(label, *changes):
@@ -108,7 +114,7 @@ def zero_frames(lay: Layout) -> list[Frame]:
     def group(i):
         return np.broadcast_to(groups == i, own.shape)
 
-    phase("between steps")
+    phase(KEPT)
     if lay.stage == 1:
         phase("forward and backward: each rank's gradient of its own batch", ("gradients", every, LOCAL))
         phase("reduce-scatter: each rank receives the average of its shard", ("gradients", own, HELD))
@@ -128,8 +134,9 @@ def _stage2_backward(lay, own, groups, phase) -> None:
     done = -1
     for b in shown:
         bucket = np.broadcast_to((groups > done) & (groups <= b), own.shape)
+        freed = [("gradients", own, EMPTY)] if done < 0 else []  # zero_grad freed the last step's shards
         phase(f"backward, bucket {b} of 0–{last}: reduce-scattered as it fills; the rest freed",
-              ("gradients", bucket & own, HELD))
+              *freed, ("gradients", bucket & own, HELD))
         done = b
 
 
@@ -138,10 +145,11 @@ def _stage3_passes(lay, own, group, phase) -> None:
     root = names.index("root") if "root" in names else None
     units = [i for i in range(len(names)) if i != root]
     held = [] if root is None else [root]
+    freed = [("gradients", own, EMPTY)]  # zero_grad freed the last step's gradient shards
     if root is not None:
-        phase("forward, root: gather, held for the whole forward", ("weights", group(root), HELD))
+        phase("forward, root: gather, held for the whole forward", *freed, ("weights", group(root), HELD))
     for k, i in enumerate(units):
-        free = [("weights", group(units[k - 1]) & ~own, EMPTY)] if k else []
+        free = [("weights", group(units[k - 1]) & ~own, EMPTY)] if k else ([] if root is not None else freed)
         phase(f"forward, {names[i]}: gather, compute" + (f"; {names[units[k - 1]]} freed" if k else ""),
               *free, ("weights", group(i), HELD))
     ends = [units[-1]] + held
@@ -182,13 +190,13 @@ def _grid(ax, lay: Layout, frame: Frame, labels: bool = True, margin: float = 0.
         for r in range(n):
             for j, c in enumerate(lay.columns):
                 value, moved = frame.state[kind][r, j], frame.changed[kind][r, j]
-                face = {EMPTY: "white", LOCAL: "white",
+                face = {EMPTY: "white", LOCAL: UNREDUCED, WHOLE: NEUTRAL,
                         HELD: rank_color(c.owner) if c.owner == r else lighter(rank_color(c.owner), 0.6)}[value]
                 ax.add_patch(Rectangle((left[j], top + r), widths[j], 0.86, facecolor=face,
                                        hatch="////" if value == LOCAL else None,
                                        edgecolor="black" if moved else "#BBBBBB", lw=1.6 if moved else 0.4))
                 pad = max(0, c.stop - max(c.start, c.numel))  # zeros past the group's parameters
-                if value != EMPTY and pad:
+                if value in (LOCAL, HELD) and pad:  # DDP (WHOLE) pads nothing
                     w = widths[j] * pad / (c.stop - c.start)
                     ax.add_patch(Rectangle((left[j] + widths[j] - w, top + r), w, 0.86, facecolor="#555555", lw=0))
         if labels:
@@ -211,10 +219,11 @@ def _grid(ax, lay: Layout, frame: Frame, labels: bool = True, margin: float = 0.
     ax.axis("off")
 
 
-def _legend(fig: Figure, n: int) -> None:
+def _legend(fig: Figure, n: int, whole: bool = False) -> None:
     handles = [Patch(facecolor=rank_color(r), label=f"rank {r}'s shard") for r in range(n)]
+    handles += [Patch(facecolor=NEUTRAL, label="a whole copy, no owner (DDP)")] if whole else []
     handles += [Patch(facecolor=lighter(rank_color(0), 0.6), label="a copy of another rank's shard"),
-                Patch(facecolor="white", hatch="////", edgecolor="#888888", label="own gradient, not reduced"),
+                Patch(facecolor=UNREDUCED, hatch="////", edgecolor="#888888", label="own gradient, not reduced"),
                 Patch(facecolor="white", edgecolor="black", lw=1.6, label="moved or updated in this phase"),
                 Patch(facecolor="#555555", label="padding")]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=7.5, frameon=False)
@@ -232,7 +241,8 @@ def draw_frame(lay: Layout, frame: Frame) -> Figure:
 
 
 def draw_kept(layouts: list[Layout]) -> Figure:
-    """What each rank keeps between steps: data parallelism (everything, everywhere), then stages 1–3."""
+    """What each rank keeps after a step, before ``zero_grad`` (what the memory counters see): data parallelism
+    (everything, everywhere, no owner), then stages 1–3 (gradients whole in stage 1, a shard in 2 and 3)."""
     n = layouts[0].world_size
     fig = Figure(figsize=(12, 1.2 + 0.22 * 3 * (n + 1.2)))
     panels = [("data parallel (stage 0)", layouts[0], _everything(layouts[0]))]
@@ -241,15 +251,15 @@ def draw_kept(layouts: list[Layout]) -> Figure:
         ax = fig.add_axes((0.34 + (k - 1) * 0.222, 0.14, 0.2, 0.72) if k else (0.01, 0.14, 0.3, 0.72))
         _grid(ax, lay, frame, labels=k == 0, margin=0.42)
         ax.text(0.5 if k else 0.42 / 1.42 + 0.5 / 1.42, 1.02, title, transform=ax.transAxes, ha="center", fontsize=10)
-    fig.suptitle("between steps: what each rank keeps (one cell: one rank's shard of a flat group)",
+    fig.suptitle(f"{KEPT}: what each rank keeps (one cell: one rank's shard of a flat group)",
                  fontsize=11, x=0.02, ha="left")
-    _legend(fig, n)
+    _legend(fig, n, whole=True)
     return fig
 
 
 def _everything(lay: Layout) -> Frame:
-    full = np.full((lay.world_size, len(lay.columns)), HELD)
-    return Frame("between steps", {k: full.copy() for k in KINDS}, {k: full < 0 for k in KINDS})
+    full = np.full((lay.world_size, len(lay.columns)), WHOLE)
+    return Frame(KEPT, {k: full.copy() for k in KINDS}, {k: full < 0 for k in KINDS})
 
 
 def zero_steps(module, world_size: int, stages=(1, 2, 3), *, blocks=None, bucket_bytes=None, overview=True):
@@ -259,7 +269,7 @@ def zero_steps(module, world_size: int, stages=(1, 2, 3), *, blocks=None, bucket
     wanted = set(stages) | ({1, 2, 3} if overview else set())
     lays = {s: layout(s, module, world_size, **how) for s in sorted(wanted)}
     frames = [(lays[s], f) for s in stages for f in zero_frames(lays[s])]
-    labels = (["what each stage keeps"] if overview else []) + [f"stage {lay.stage}: {f.label.split(':')[0]}"
+    labels = ([f"{KEPT}: what each stage keeps"] if overview else []) + [f"stage {lay.stage}: {f.label.split(':')[0]}"
                                                                for lay, f in frames]
 
     def draw(i: int) -> Figure:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
-from parlab.lab.plots.colors import KIND_COLORS
+from parlab.lab.plots.colors import KIND_COLORS, rank_color
 
 FLOWS = {"scatter": "out", "broadcast": "out", "gather": "in", "reduce": "in", "all_reduce": "all"}
 
@@ -107,10 +107,9 @@ def ddp_step(shards, title: str = ""):
     :func:`step_flow` of :func:`ddp_phases`. Returns the figure."""
     n = len(shards)
     owner = {i: r for r, idx in enumerate(shards) for i in idx}
-    colors = plt.get_cmap("tab10")
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 0.62 * n + 1.6), gridspec_kw={"width_ratios": [1, 5]})
     for row, i in enumerate(sorted(owner)):
-        left.add_patch(plt.Rectangle((0, row), 1, 0.9, color=colors(owner[i] % 10)))
+        left.add_patch(plt.Rectangle((0, row), 1, 0.9, color=rank_color(owner[i])))
         left.text(0.5, row + 0.45, f"sample {i} → rank {owner[i]}", ha="center", va="center", fontsize=6.5,
                   color="white")
     left.set_xlim(0, 1)
@@ -121,7 +120,7 @@ def ddp_step(shards, title: str = ""):
     step_flow(ddp_phases(n), n, title or f"DDP on {n} ranks: one process per rank, one all-reduce per step",
               ax=right, notes=notes)
     for r in range(n):
-        right.get_yticklabels()[r].set_color(colors(r % 10))
+        right.get_yticklabels()[r].set_color(rank_color(r))
     fig.tight_layout()
     return fig
 

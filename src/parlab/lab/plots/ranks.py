@@ -12,11 +12,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
-from parlab.lab.plots.colors import KIND_COLORS, lighter
-
-
-def _rank_color(r: int):
-    return plt.get_cmap("tab10")(r % 10)
+from parlab.lab.plots.colors import KIND_COLORS, lighter, rank_color
 
 
 def devices(world_size: int, gpus: int | None = None) -> tuple[str, list[str], str]:
@@ -48,8 +44,8 @@ def world(world_size: int, values=None, launcher: str = "parlab.launch", env: bo
         x = r * (w + gap)
         ax.annotate("", xy=(x + w / 2, h + 0.05), xytext=(width / 2, top - 0.05),
                     arrowprops=dict(arrowstyle="->", color="#555555", lw=1))
-        ax.add_patch(FancyBboxPatch((x, 0), w, h, boxstyle="round,pad=0.04", facecolor=lighter(_rank_color(r)[:3], 0.6),
-                                    edgecolor=_rank_color(r), lw=1.5))
+        ax.add_patch(FancyBboxPatch((x, 0), w, h, boxstyle="round,pad=0.04", facecolor=lighter(rank_color(r), 0.6),
+                                    edgecolor=rank_color(r), lw=1.5))
         lines = [f"device {where[r]}"]
         if env:
             lines += [f"RANK={r}", f"LOCAL_RANK={r}", f"WORLD_SIZE={n}"]

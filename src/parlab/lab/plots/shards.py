@@ -20,18 +20,12 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from parlab.lab.plots.colors import lighter
+from parlab.lab.plots.colors import lighter, rank_color
 
 KINDS = ("weights", "gradients", "optimizer state")
 EMPTY, LOCAL, HELD, WHOLE = 0, 1, 2, 3  # not held; own gradient, not reduced; held; a copy no one owns (DDP)
 NEUTRAL, UNREDUCED = "#9A9A9A", "#EDEDED"  # WHOLE's colour; LOCAL's, under its hatching
 KEPT = "after a step, before zero_grad"  # the moment the first frame shows, and section 5's memory
-
-
-def rank_color(r: int):
-    from matplotlib import colormaps
-
-    return colormaps["tab10"](r % 10)[:3]
 
 
 @dataclass(frozen=True)

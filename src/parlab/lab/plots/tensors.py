@@ -7,6 +7,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from parlab.lab.plots.colors import rank_color
+
 
 def _fmt(v: float) -> str:
     return f"{v:.0f}" if float(v).is_integer() else f"{v:.3g}"
@@ -59,7 +61,7 @@ def matmul_split(tp_size: int, title: str = ""):
     Y is their sum (an all-reduce).
     """
     t = tp_size
-    colors = [plt.get_cmap("tab10")(r % 10) for r in range(t)]
+    colors = [rank_color(r) for r in range(t)]
     fig, axes = plt.subplots(2, 1, figsize=(10, 5.2))
 
     def block(ax, x, y, w, h, label, split=None, hatch=None, color="#cccccc"):

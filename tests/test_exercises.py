@@ -1,5 +1,6 @@
 """Each exercise check passes the reference and fails a planted wrong answer with a precise message."""
 
+import re
 import types
 
 import pytest
@@ -713,6 +714,54 @@ def test_peak_activations_check_both_ways():
                                                                                          for o in ops]]), 0)))
 
 
+def test_smallest_micro_batches_check_names_each_mistake():
+    import math
+    from fractions import Fraction
+    from itertools import count
+
+    from parlab.course.exercises import check_smallest_micro_batches
+
+    def smallest(bubble):  # the smallest m >= 1 whose bubble(m) is at most target, exactly
+        return lambda p, target, v=1: next(m for m in count(1) if bubble(p, m, v) <= Fraction(target))
+
+    planted = {  # each mistake -> the words of the hint that names it
+        "m ≥ 1": lambda p, target, v=1: math.ceil((p - 1) * (1 - target) / (target * v)),  # m = 0 at p = 1
+        "the Playbook's and Megatron's bubble": smallest(lambda p, m, v: Fraction(p - 1, v * m)),
+        "the m for v=1": smallest(lambda p, m, v: Fraction(p - 1, m + p - 1)),
+        "'at most' includes it": lambda p, target, v=1: next(
+            m for m in count(1) if Fraction(p - 1, v * m + p - 1) < Fraction(target)),
+        "still above the target": lambda p, target, v=1: max(1, next(
+            m for m in count(1) if Fraction(p - 1, v * m + p - 1) <= Fraction(target)) - 1),
+    }
+    for words, fn in planted.items():
+        with pytest.raises(ExerciseFailed, match=re.escape(words)):
+            check_smallest_micro_batches(fn)
+    with pytest.raises(ExerciseFailed, match=r"\(p=1, target=0.5\): expected 1, got 0 \(m=0 is no step at all"):
+        check_smallest_micro_batches(planted["m ≥ 1"])
+
+
+def test_peak_activations_check_names_each_mistake():
+    from parlab.course.exercises import check_peak_activations
+
+    def peak(ops, frees):  # a forward holds one micro-batch; each op whose kind is in frees frees one
+        held = most = 0
+        for name in ops:
+            held += name[0] == "F"
+            held -= name[0] in frees
+            most = max(most, held)
+        return most
+
+    planted = {
+        "I frees nothing": lambda ops: peak(ops, "BI"),
+        "a split backward frees too": lambda ops: peak(ops, "B"),
+        "counts every forward": lambda ops: sum(name[0] == "F" for name in ops),
+    }
+    for words, fn in planted.items():
+        with pytest.raises(ExerciseFailed, match=re.escape(words)):
+            check_peak_activations(fn)
+    assert "all 6" in repr(check_peak_activations(lambda ops: peak(ops, "BW")))  # the right rule passes
+
+
 def test_group_ranks_check_both_ways():
     from parlab.course.exercises import check_group_ranks
     from parlab.lab.parallel import Topology
@@ -1056,7 +1105,7 @@ def _gpt_block(sizes):
     return list(tiny_gpt2(**sizes).transformer.h[-1].parameters())
 
 
-# ---- chapter 09 -------------------------------------------------------------------------------------
+# ---- chapter 10 -------------------------------------------------------------------------------------
 
 def test_chapter_09_solutions_pass_and_wrong_answers_fail():
     from parlab.course.exercises import check_online_softmax_combine, check_received

@@ -53,10 +53,43 @@ def _smallest_m(p, target, v=1):
     return m
 
 
+def _smallest_m_for(bubble, t):
+    """The smallest m ≥ 1 whose ``bubble(m)`` (a Fraction) is at most ``t``; None past 10⁶."""
+    return next((m for m in range(1, 10**6) if bubble(m) <= t), None)
+
+
+def _smallest_m_mistake(got, p, target, v, expected) -> str:
+    """The hint naming the mistake ``got`` makes, when it is one a learner makes, else ''. Where two
+    mistakes give the same m, both are named."""
+    if isinstance(got, bool) or not isinstance(got, int):
+        return " (return a whole number of micro-batches, an int)"
+    if got <= 0:
+        return (f" (m={got} is no step at all: a step runs at least one micro-batch, so m ≥ 1; "
+                + ("with p=1 there is no bubble, and m=1 meets any target)" if p == 1 else "start counting at 1)"))
+    t = Fraction(target)
+    mistakes = []
+    if abs(Fraction(p - 1, v * expected + p - 1) - t) < Fraction(1, 10**12):
+        mistakes.append((expected + 1, f"at m={expected} the bubble equals the target, and 'at most' includes it: "
+                                       "compare with ≤, exactly (with fractions.Fraction or integers), not through "
+                                       "floating point"))
+    mistakes += [
+        (_smallest_m_for(lambda m: Fraction(p - 1, v * m), t),
+         "that is the m for (p − 1)/(v·m) ≤ target, the Playbook's and Megatron's bubble, relative to the ideal "
+         "step; this exercise's is the idle share of the step, (p − 1)/(v·m + p − 1)"),
+        (_smallest_m(p, target, 1), f"that is the m for v=1: with v={v} stages per rank the bubble is "
+                                    "(p − 1)/(v·m + p − 1)"),
+        (expected - 1, f"with m={got} the bubble is still above the target: the smallest m whose bubble is at most "
+                       "the target"),
+    ]
+    named = [hint for value, hint in mistakes if value is not None and value != expected and got == value]
+    return f" ({'; or '.join(named)})" if named else ""
+
+
 def check_smallest_micro_batches(fn) -> Passed:
     """``fn(p, target, v=1)`` → the smallest number of micro-batches m ≥ 1 whose bubble,
     (p − 1)/(v·m + p − 1), is at most ``target`` (a fraction of the step, e.g. 0.1). Includes targets met
-    exactly, where rounding in floating point gives the wrong m."""
+    exactly, where rounding in floating point gives the wrong m. A wrong answer that a known mistake gives
+    is named: m = 0, the Playbook's bubble (p − 1)/(v·m), v forgotten, one too few, '<' or rounding."""
     cases = [dict(p=p, target=t) for p in (1, 2, 4, 5, 8, 16) for t in (0.5, 0.25, 0.2, 0.1, 0.05)]
     cases += [dict(p=p, target=t, v=v) for p in (4, 8) for t in (0.2, 0.1) for v in (2, 3)]
     for case in cases:
@@ -66,12 +99,13 @@ def check_smallest_micro_batches(fn) -> Passed:
             got = _call(fn, **case)
         if got != expected:
             args = ", ".join(f"{k}={v!r}" for k, v in case.items())
-            v = case.get("v", 1)
-            hint = ""
-            if isinstance(got, int) and got >= 1:
-                hint = (f" (with m={got} the bubble is {(case['p'] - 1) / (v * got + case['p'] - 1):.4f}; "
-                        f"with m={expected}, {(case['p'] - 1) / (v * expected + case['p'] - 1):.4f})")
-            raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected}, got {got!r:.40}{hint}")
+            p, v = case["p"], case.get("v", 1)
+            numbers = ""
+            if isinstance(got, int) and not isinstance(got, bool) and got >= 1:
+                numbers = (f" (with m={got} the bubble is {(p - 1) / (v * got + p - 1):.4f}; "
+                           f"with m={expected}, {(p - 1) / (v * expected + p - 1):.4f})")
+            hint = _smallest_m_mistake(got, p, case["target"], v, expected)
+            raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected}, got {got!r:.40}{numbers}{hint}")
     return Passed(f"{_name(fn)} finds the smallest m in all {len(cases)} cases")
 
 
@@ -83,10 +117,40 @@ def _peak(ops):
     return max(in_flight(Schedule("yours", 1, m, 1, [parsed]), 0), default=0)
 
 
+def _held_peak(ops, frees) -> int:
+    """The most micro-batches held at once when a forward holds one and each op of a kind in ``frees`` frees one."""
+    held = most = 0
+    for name in ops:
+        held += name[0] == "F"
+        held -= name[0] in frees
+        most = max(most, held)
+    return most
+
+
+def _peak_mistake(got, ops, expected) -> str:
+    """The hint naming the mistake ``got`` makes, when it is one a learner makes, else ''."""
+    if isinstance(got, bool) or not isinstance(got, int):
+        return " (return a whole number of micro-batches, an int)"
+    mistakes = [
+        (_held_peak(ops, "BI"), " (I frees nothing: the weight gradient W still needs the stage's saved inputs, so a "
+                                "split backward frees its micro-batch's activations at W)"),
+        (_held_peak(ops, "BIW"), " (I and W are two halves of one backward: they free the activations once, at W)"),
+        (_held_peak(ops, "B"), " (a split backward frees too: at its W, once both halves have run)"),
+        (sum(name[0] == "F" for name in ops), " (that counts every forward the stage runs: a backward frees its "
+                                               "micro-batch's activations, so count what is held at once)"),
+    ]
+    for value, hint in mistakes:
+        if value != expected and got == value:
+            return hint
+    return ""
+
+
 def check_peak_activations(fn) -> Passed:
     """``fn(ops)`` → the most micro-batches whose activations a stage holds at once while it runs ``ops``
     (names in order, e.g. ``["F0", "F1", "B0", ...]``), where a split backward ``I3``, ``W3`` frees
-    micro-batch 3's activations only with its ``W`` (the weight gradient still needs the inputs)."""
+    micro-batch 3's activations only with its ``W`` (the weight gradient still needs the inputs). A wrong
+    answer that a known mistake gives is named: I freeing, I and W both freeing, a split backward never
+    freeing, every forward counted."""
     from parlab.lab.parallel import pipeline_schedule as ps
 
     cases = [ps.gpipe(4, 6).names(1), ps.one_f_one_b(4, 6).names(0), ps.one_f_one_b(4, 6).names(3),
@@ -99,7 +163,8 @@ def check_peak_activations(fn) -> Passed:
                       "parlab.lab.parallel.pipeline_schedule's in_flight: which ops hold, which free?"):
             got = _call(fn, ops=list(ops))
         if got != expected:
-            raise ExerciseFailed(f"{_name(fn)}({' '.join(ops)}): expected {expected}, got {got!r:.40}")
+            raise ExerciseFailed(f"{_name(fn)}({' '.join(ops)}): expected {expected}, got {got!r:.40}"
+                                 f"{_peak_mistake(got, ops, expected)}")
     return Passed(f"{_name(fn)} agrees on all {len(cases)} operation lists")
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -95,7 +96,7 @@ HOLDER = textwrap.dedent("""
     import sys
     from parlab.lab.launch import lease
     held = lease.acquire(int(sys.argv[1]), env={"PARLAB_GPUS": sys.argv[2], "PARLAB_GPU_LOCKS": sys.argv[3]},
-                         device_count=lambda: 8, wait=0, what="holder")
+                         device_count=lambda: 8, wait=float(sys.argv[4]) if sys.argv[4:] else 0, what="holder")
     print(",".join(held.gpus), flush=True)
     sys.stdin.readline()  # hold until told; a crash test kills us here instead
 """)
@@ -175,6 +176,7 @@ def test_check_shows_who_holds_which_gpu(box, monkeypatch):
     rows = dict(re.findall(r"^GPU (\S+)\s{2,}(.*)$", text, re.M))
     assert rows["0"] == "free" and rows["7"] == "free"
     assert rows["2"].startswith("held by ") and f"pid {proc.pid}, holder" in rows["2"] and gpus == "2,3"
+    assert re.search(r"^queue\s{2,}nobody waiting$", text, re.M)
 
 
 def test_check_fails_on_a_malformed_pool(box, monkeypatch):
@@ -189,3 +191,75 @@ def test_a_lock_file_nobody_may_write_is_named(box, tmp_path):
     (folder / "gpu-0.lock").symlink_to(tmp_path / "elsewhere")  # never followed, nor truncated
     with pytest.raises(LaunchError, match=r"cannot open the GPU lock file .*gpu-0.lock .*PARLAB_GPU_LOCKS"):
         lease.acquire(1, env=dict(box, PARLAB_GPUS="0"), wait=0)
+
+
+# -- first come, first served ---------------------------------------------------------------------------
+
+def _queue_in_order(env, count, served):
+    """Start ``count`` threads asking for the pool's GPUs, each once the one before has its ticket; each
+    notes when it is served, then lets go."""
+    def one(i):
+        with lease.acquire(2, env=env, wait=60, echo=lambda line: None) as held:
+            served.append((i, held.ticket))
+
+    threads = []
+    for i in range(count):
+        threads.append(threading.Thread(target=one, args=(i,)))
+        threads[-1].start()
+        for _ in range(500):  # its ticket is in the queue: the next one queues behind it
+            if len(lease.waiting(env["PARLAB_GPU_LOCKS"])) == i + 1:
+                break
+            time.sleep(0.01)
+    return threads
+
+
+def test_waiters_are_served_first_come_first_served(box):
+    """A kernel that releases its GPUs and asks again at once goes behind those already waiting."""
+    env = dict(box, PARLAB_GPUS="0,1")
+    first = lease.acquire(2, env=env, wait=0)
+    served = []
+    threads = _queue_in_order(env, 3, served)
+    assert [w["pid"] for w in lease.waiting(env["PARLAB_GPU_LOCKS"])] == [os.getpid()] * 3
+    first.release()
+    with lease.acquire(2, env=env, wait=60, echo=lambda line: None) as again:  # the holder's next launch
+        served.append(("again", again.ticket))
+    for t in threads:
+        t.join(60)
+    assert [who for who, _ in served] == [0, 1, 2, "again"]
+    tickets = [ticket for _, ticket in served]
+    assert tickets == sorted(tickets) and tickets[0] > first.ticket
+    assert lease.waiting(env["PARLAB_GPU_LOCKS"]) == []
+
+
+def test_a_waiter_is_told_its_place_and_a_dead_waiters_ticket_is_skipped(box):
+    env = dict(box, PARLAB_GPUS="0,1")
+    proc, _ = _holder(box, 2, "0,1")
+    waiter = subprocess.Popen([sys.executable, "-c", HOLDER, "2", "0,1", box["PARLAB_GPU_LOCKS"], "60"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(1000):  # it queues behind the holder, then is killed while it waits
+        if lease.waiting(box["PARLAB_GPU_LOCKS"]):
+            break
+        time.sleep(0.01)
+    assert [w["pid"] for w in lease.waiting(box["PARLAB_GPU_LOCKS"])] == [waiter.pid]
+    said = []
+
+    def told(line):  # behind a live waiter: place 2; once it is killed, first
+        said.append(line)
+        if len(said) == 1:
+            waiter.kill()
+            waiter.wait()
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+
+    old = lease.TELL_EVERY
+    lease.TELL_EVERY = 0.0
+    try:
+        with lease.acquire(2, env=env, wait=60, echo=told) as held:
+            assert held.gpus == ["0", "1"]
+    finally:
+        lease.TELL_EVERY = old
+    proc.wait()
+    assert "place 2 in the queue (1 launch ahead of this one)" in said[0]
+    assert "now first in the queue" in said[1]
+    assert lease.waiting(box["PARLAB_GPU_LOCKS"]) == []
+    assert not [n for n in os.listdir(box["PARLAB_GPU_LOCKS"]) if n.startswith("ticket-")]  # the dead one removed

@@ -85,6 +85,9 @@ def leases() -> tuple[str, int | None]:
              else "unset: launches use every visible GPU, without leasing"),
             ("lock folder", lease.lock_dir())]
     rows += [(f"GPU {gpu}", f"held by {lease.describe_holder(h)}" if h else "free") for gpu, h in held.items()]
+    queue = lease.waiting()
+    rows.append(("queue", f"{len(queue)} launch(es) waiting, first come first served: "
+                 + "; ".join(lease.describe_holder(w) for w in queue) if queue else "nobody waiting"))
     return _table("GPU leases", rows), lease.pool_size()
 
 

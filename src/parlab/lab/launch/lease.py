@@ -16,8 +16,10 @@ A lease is an exclusive ``flock`` on one file per GPU in ``PARLAB_GPU_LOCKS`` (d
 process holding it ends, however it ends (a crashed or killed kernel too), so a GPU is never left locked
 by a process that is gone. The ranks see only the leased GPUs (``CUDA_VISIBLE_DEVICES``), so rank ``r``
 still computes on ``cuda:r``. When too few GPUs of the pool are free, the launch waits up to
-``PARLAB_GPU_WAIT`` seconds (default 600), saying who holds them, then fails naming them. Each lock file
-records its holder (user, process, since when, which notebook); ``parlab check`` shows it.
+``PARLAB_GPU_WAIT`` seconds (default 600), saying who holds them, then fails naming them. Waiting
+launches are served first come, first served, in a queue in the same folder (``_queue.py``), and each
+says its place in it. Each lock file records its holder (user, process, since when, which notebook);
+``parlab check`` shows it, and the queue.
 
 The pool's size comes from an injectable device count, so all of this is tested without GPUs.
 """
@@ -36,11 +38,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from parlab.lab.launch import _queue
 from parlab.lab.launch.errors import LaunchError
 
 DEFAULT_LOCK_DIR = "/tmp/parlab-gpus"
 DEFAULT_WAIT = 600.0
-POLL = 0.5  # seconds between attempts while waiting for GPUs (a lock can be waited on, a set of them cannot)
+POLL = 0.05  # seconds between attempts of the first two in the queue (a lock can be waited on, a set of them cannot)
+POLL_QUEUED = 0.2  # seconds between looks at the queue by those behind it
+TELL_EVERY = 10.0  # seconds between lines saying a waiter's new place
 
 
 def _torch_device_count() -> int:
@@ -108,6 +113,9 @@ class Lease:
     gpus: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     _fds: list[int] = field(default_factory=list, repr=False)
+    ticket: int | None = None  # its number in the queue (first come, first served)
+    granted_at: float | None = None  # time.monotonic() when it got its GPUs
+    waited: float = 0.0  # seconds from asking to getting them
 
     def release(self) -> None:
         for fd in self._fds:
@@ -128,8 +136,10 @@ def acquire(world_size: int, *, env=None, device_count=None, wait: float | None 
             what: str = "", echo=None) -> Lease:
     """Lease ``world_size`` GPUs from the pool, waiting up to ``wait`` seconds for them to be free.
 
-    Without ``PARLAB_GPUS``: an empty lease (every visible GPU, nothing locked). Raises
-    :class:`LaunchError` naming the holders when the GPUs stay taken.
+    Launches are served first come, first served (``_queue.py``): this one takes a ticket, waits until it
+    is first in the queue, then until enough GPUs are free, saying its place while it waits. Without
+    ``PARLAB_GPUS``: an empty lease (every visible GPU, nothing locked). Raises :class:`LaunchError`
+    naming the holders when the GPUs stay taken.
     """
     env = env if env is not None else os.environ
     gpus = pool(env, device_count)
@@ -142,44 +152,76 @@ def acquire(world_size: int, *, env=None, device_count=None, wait: float | None 
     echo = echo if echo is not None else (lambda line: print(line, file=sys.stderr, flush=True))
     folder = lock_dir(env)
     _make_lock_dir(folder)
-    deadline, told = time.monotonic() + wait, False
-    while True:
-        fds, got = [], []
-        try:
-            for gpu in gpus:
-                fd = _try_lock(_lock_path(folder, gpu))
-                if fd is not None:
-                    fds.append(fd)
-                    got.append(gpu)
-                    if len(got) == world_size:
-                        break
-        except BaseException:
-            Lease(_fds=fds).release()
-            raise
-        if len(got) == world_size:
-            break
-        # Never keep part of a set while waiting: two launches each holding half would wait for each other.
-        Lease(_fds=fds).release()
-        holders = {g: h for g, h in holders_of(gpus, folder).items() if h is not None}
-        if time.monotonic() >= deadline:
-            raise LaunchError(f"{world_size} free GPU(s) needed from PARLAB_GPUS={requested(env)!r} "
-                              f"({', '.join(gpus)}), but for {wait:g} s only {len(gpus) - len(holders)} were "
-                              f"free. {_describe_holders(holders)} Wait for them, or ask for fewer ranks; "
-                              f"PARLAB_GPU_WAIT sets how long to wait.")
-        if not told:
-            echo(f"parlab: waiting for {world_size} free GPU(s) of {', '.join(gpus)} "
-                 f"(up to {wait:g} s). {_describe_holders(holders)}")
-            told = True
-        time.sleep(POLL)
-    holder = {"user": _user(), "pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-              "gpus": got, "what": what, "notebook": env.get("JPY_SESSION_NAME", "")}
+    holder = {"user": _user(), "pid": os.getpid(), "host": socket.gethostname(), "what": what,
+              "notebook": env.get("JPY_SESSION_NAME", "")}
+    asked = time.monotonic()
+    ticket = _queue.Ticket(folder, holder)
+    try:
+        fds, got = _wait_turn(ticket, gpus, world_size, wait, echo, requested(env))
+        granted = time.monotonic()
+    finally:
+        ticket.leave()  # served, timed out or interrupted: out of the queue
+    holder.update(since=time.time(), gpus=got)
     for fd in fds:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
     # CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi and the lock files go by PCI bus.
     lease_env = {"CUDA_VISIBLE_DEVICES": ",".join(got),
                  "CUDA_DEVICE_ORDER": env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")}
-    return Lease(got, lease_env, fds)
+    return Lease(got, lease_env, fds, ticket=ticket.number, granted_at=granted, waited=granted - asked)
+
+
+def _wait_turn(ticket, gpus: list[str], world_size: int, wait: float, echo, asked_for) -> tuple[list[int], list[str]]:
+    """Wait for this ticket's turn, then for ``world_size`` free GPUs of ``gpus``; their locks' fds."""
+    start = time.monotonic()
+    deadline, told, told_at = start + wait, None, 0.0
+    while True:
+        place = ticket.place()
+        if place == 0:  # first in the queue: nobody who asked earlier is still waiting
+            fds, got = _try_gpus(ticket.folder, gpus, world_size)
+            if len(got) == world_size:
+                return fds, got
+        now = time.monotonic()
+        if now >= deadline:
+            holders = {g: h for g, h in holders_of(gpus, ticket.folder).items() if h is not None}
+            raise LaunchError(f"{world_size} free GPU(s) needed from PARLAB_GPUS={asked_for!r} "
+                              f"({', '.join(gpus)}), but for {wait:g} s only {len(gpus) - len(holders)} were "
+                              f"free. {_describe_holders(holders)} This launch was {_place(place)}. Wait for them, or ask "
+                              f"for fewer ranks; PARLAB_GPU_WAIT sets how long to wait.")
+        if told is None:
+            holders = {g: h for g, h in holders_of(gpus, ticket.folder).items() if h is not None}
+            echo(f"parlab: waiting for {world_size} free GPU(s) of {', '.join(gpus)} (up to {wait:g} s), "
+                 f"{_place(place)}. {_describe_holders(holders)}")
+            told, told_at = place, now
+        elif place != told and now - told_at >= TELL_EVERY:  # the queue moves: say so, now and then
+            echo(f"parlab: now {_place(place)} for {world_size} GPU(s) (waited {now - start:.0f} s)")
+            told, told_at = place, now
+        time.sleep(POLL if place <= 1 else POLL_QUEUED)  # the next in line is quick to take its turn
+
+
+def _try_gpus(folder: str, gpus: list[str], world_size: int) -> tuple[list[int], list[str]]:
+    """Locks on ``world_size`` free GPUs, or none: a partial set is never kept (two launches each holding
+    half would wait for each other)."""
+    fds, got = [], []
+    try:
+        for gpu in gpus:
+            fd = _try_lock(_lock_path(folder, gpu))
+            if fd is not None:
+                fds.append(fd)
+                got.append(gpu)
+                if len(got) == world_size:
+                    return fds, got
+    except BaseException:
+        Lease(_fds=fds).release()
+        raise
+    Lease(_fds=fds).release()
+    return [], []
+
+
+def _place(place: int) -> str:
+    if place == 0:
+        return "first in the queue"
+    return f"place {place + 1} in the queue ({place} launch{'es' if place > 1 else ''} ahead of this one)"
 
 
 def holders_of(gpus=None, folder=None) -> dict[str, dict | None]:
@@ -212,6 +254,11 @@ def holders_of(gpus=None, folder=None) -> dict[str, dict | None]:
         finally:
             os.close(fd)
     return out
+
+
+def waiting(folder=None) -> list[dict]:
+    """The launches waiting for GPUs now, first first: each one's recorded holder (``parlab check``)."""
+    return _queue.waiting(folder or lock_dir())
 
 
 def sort_gpus(gpus) -> list[str]:

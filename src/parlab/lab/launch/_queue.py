@@ -1,0 +1,124 @@
+"""First come, first served: the queue of launches waiting for GPUs on a shared machine (lease.py).
+
+Every GPU launch that leases takes a *ticket* before it touches a GPU lock: a file
+``ticket-<number>-<pid>`` in the lock folder, its number from a counter kept in ``queue.lock`` and drawn
+under that file's ``flock``, so two launches never draw the same number and numbers only grow. Only the
+launch holding the first ticket may take GPUs; the others wait behind it, so a kernel that has just
+released its GPUs goes to the back of the queue for its next launch instead of taking them straight back.
+
+A waiter holds an exclusive ``flock`` on its own ticket for as long as it waits. The operating system drops
+that lock when the process ends, however it ends, so a ticket whose lock can be taken belongs to a waiter
+that is gone: it is skipped, and removed where the folder allows (another user's file in a sticky folder
+may not be removed; it is then skipped each time). A waiter that dies never blocks the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+
+COUNTER = "queue.lock"
+WIDTH = 12  # digits of a ticket number: names sort in the order they were drawn
+
+
+@contextlib.contextmanager
+def _queue_locked(folder: str):
+    """The queue's lock, held briefly for every change to the queue; yields its fd (it holds the counter)."""
+    path = os.path.join(folder, COUNTER)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except FileExistsError:  # pragma: no cover - O_CREAT without O_EXCL does not raise this
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, 0o666)  # every learner draws from it
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _tickets(folder: str) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.startswith("ticket-"))
+
+
+def _number(name: str) -> int:
+    return int(name.split("-")[1])
+
+
+def _gone(folder: str, name: str) -> bool:
+    """True when the ticket's waiter has ended (its flock can be taken); removes the ticket where allowed."""
+    path = os.path.join(folder, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two checkers never mistake each other
+        except BlockingIOError:                              # for the waiter
+            return False  # its waiter is alive and waiting
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+class Ticket:
+    """This launch's place in the queue, from the moment it asks for GPUs until it has them (or gives up)."""
+
+    def __init__(self, folder: str, holder: dict):
+        self.folder = folder
+        with _queue_locked(folder) as qfd:
+            raw = os.pread(qfd, 64, 0).strip()
+            try:
+                self.number = int(raw) if raw else 0
+            except ValueError:  # never half-written in practice; recover from what the folder shows
+                self.number = max((_number(n) + 1 for n in _tickets(folder)), default=0)
+            os.pwrite(qfd, str(self.number + 1).rjust(WIDTH).encode(), 0)  # one fixed-width write
+            self.name = f"ticket-{self.number:0{WIDTH}d}-{os.getpid()}"
+            self.path = os.path.join(folder, self.name)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)  # alive while this is held; taken before the queue lock drops
+        os.pwrite(self.fd, json.dumps(dict(holder, ticket=self.number, since=time.time())).encode(), 0)
+
+    def place(self) -> int:
+        """How many live waiters are ahead of this one: 0 means this launch may take GPUs now."""
+        with _queue_locked(self.folder):
+            names = _tickets(self.folder)
+        ahead = names[:names.index(self.name)] if self.name in names else names
+        live = 0
+        for name in ahead:  # tickets of waiters that are gone are skipped (and removed where allowed)
+            if live or not _gone(self.folder, name):
+                live += 1  # past the first live one, count without checking: the number only guides a learner
+        return live
+
+    def leave(self) -> None:
+        """Out of the queue (served, timed out or interrupted); idempotent."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = None
+
+
+def waiting(folder: str) -> list[dict]:
+    """The live waiters in the queue, first first (``parlab check``): each ticket's recorded holder."""
+    try:
+        names = _tickets(folder)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        if _gone(folder, name):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(folder, name)) as f:
+                out.append(json.loads(f.read() or "{}") or {"ticket": _number(name)})
+    return out

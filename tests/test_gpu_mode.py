@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -194,8 +193,7 @@ def test_cpu_mode_ranks_see_no_gpu(monkeypatch, capsys):
 
 def test_the_torchrun_helper_leases_or_hides_the_gpus(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: ran.append(kw["env"]) or
-                        subprocess.CompletedProcess(cmd, 0, "", ""))
+    monkeypatch.setattr(torchrun_module, "_run", lambda cmd, env, *rest: ran.append(dict(env)) or (0, "", ""))
     monkeypatch.setattr(lease, "_torch_device_count", lambda: 2)
     monkeypatch.setenv("PARLAB_GPU_LOCKS", str(tmp_path / "locks"))
     monkeypatch.delenv("PARLAB_GPUS", raising=False)

@@ -10,9 +10,12 @@ fast test can show it: ``benchmarks/torchrun_aborts.py`` runs each job 100 times
 
 from __future__ import annotations
 
+import _thread
 import ast
 import inspect
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import nbformat
@@ -20,7 +23,8 @@ import pytest
 
 from parlab.lab import training
 from parlab.lab.job import hf, train_fsdp
-from parlab.lab.job.torchrun import torchrun
+from parlab.lab.job.torchrun import TorchrunTimeout, torchrun
+from parlab.lab.launch import lease
 
 ROOT = Path(__file__).parents[1]
 
@@ -84,3 +88,80 @@ def test_every_script_torchrun_starts_leaves_without_the_teardown():
     for fn in (hf.main, training.script_main):  # the package's own entry points call the one helper
         assert "exit_without_teardown()" in inspect.getsource(fn), fn.__qualname__
     assert not _calls_os_exit_after_destroy("dist.destroy_process_group()\n")  # the check can fail
+
+
+HANGS = textwrap.dedent("""
+    import os, sys, time
+    rank = int(os.environ["RANK"])
+    open(os.path.join(sys.argv[1], f"pid.{rank}"), "w").write(str(os.getpid()))
+    print(f"rank {rank} waits for a peer that never comes", flush=True)
+    time.sleep(1000)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")  # a zombie has ended
+    except OSError:
+        return False
+
+
+def _hanging_job(tmp_path, monkeypatch):
+    """A 2-rank job that hangs, on 2 faked GPUs leased from a workshop pool; returns the script and a list
+    that records, at the lease's release, which workers were still alive."""
+    monkeypatch.setenv("PARLAB_GPUS", "auto")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("PARLAB_GPU_LOCKS", str(tmp_path / "locks"))
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    at_release = []
+    release = lease.Lease.release
+
+    def noted(self):
+        if self.gpus:
+            at_release.append([p for p in _worker_pids(tmp_path) if _alive(p)])
+        release(self)
+
+    monkeypatch.setattr(lease.Lease, "release", noted)
+    return script, at_release
+
+
+def _worker_pids(tmp_path):
+    return [int((tmp_path / f"pid.{r}").read_text()) for r in range(2) if (tmp_path / f"pid.{r}").exists()]
+
+
+def _gpus_free(tmp_path):
+    return all(h is None for h in lease.holders_of(["0", "1"], str(tmp_path / "locks")).values())
+
+
+@pytest.mark.slow
+def test_a_timeout_stops_every_worker_before_the_gpus_are_released(tmp_path, monkeypatch, capsys):
+    script, at_release = _hanging_job(tmp_path, monkeypatch)
+    with pytest.raises(TorchrunTimeout) as caught:
+        torchrun(str(script), 2, str(tmp_path), timeout=20, stream_after=0)
+    pids = _worker_pids(tmp_path)
+    assert len(pids) == 2 and not [p for p in pids if _alive(p)]  # no worker left under PID 1
+    assert at_release == [[]] and _gpus_free(tmp_path)  # released once, after every worker had exited
+    text = str(caught.value)
+    assert "did not finish in 20 s" in text and "rank 1 waits for a peer that never comes" in text
+    assert "[rank 0] rank 0 waits for a peer" in capsys.readouterr().out  # shown while it ran
+
+
+@pytest.mark.slow
+def test_an_interrupt_stops_every_worker_too(tmp_path, monkeypatch):
+    script, at_release = _hanging_job(tmp_path, monkeypatch)
+
+    def interrupt_once_both_run():
+        for _ in range(600):
+            if len(_worker_pids(tmp_path)) == 2:
+                break
+            time.sleep(0.1)
+        _thread.interrupt_main()  # what the kernel's interrupt button does to a running cell
+
+    threading.Thread(target=interrupt_once_both_run, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        torchrun(str(script), 2, str(tmp_path), timeout=120)
+    pids = _worker_pids(tmp_path)
+    assert len(pids) == 2 and not [p for p in pids if _alive(p)]
+    assert at_release == [[]] and _gpus_free(tmp_path)

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -501,12 +502,15 @@ ORPHAN_SCRIPT = textwrap.dedent("""
 
 
 @both_start_methods
-def test_no_orphans_when_the_caller_is_killed(tmp_path, start_method):
+def test_no_orphans_when_the_caller_is_killed(tmp_path, start_method, monkeypatch):
     script = tmp_path / "orphans.py"  # a file: spawned ranks import the caller's main module again
     script.write_text(ORPHAN_SCRIPT)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    proc = subprocess.Popen([sys.executable, str(script), str(pid_dir), start_method])
+    tmp = tmp_path / "tmp"  # the caller's temporary folder, where its launch keeps its rendezvous store
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(pid_dir), start_method],
+                            env=dict(os.environ, TMPDIR=str(tmp)))
     deadline = time.monotonic() + 120
     while len(os.listdir(pid_dir)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -515,6 +519,13 @@ def test_no_orphans_when_the_caller_is_killed(tmp_path, start_method):
     proc.kill()  # like a kernel that dies: no chance to clean up
     proc.wait()
     assert wait_gone(pids, 5.0) == []
+    left = [n for n in os.listdir(tmp) if n.startswith("parlab-store-")]
+    assert left and all(n.startswith(f"parlab-store-{proc.pid}-") for n in left), left  # the dead kernel's
+    mine = tmp / f"parlab-store-{os.getpid()}-live"  # a live kernel's store is never touched
+    mine.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    assert parlab.launch(parlab.rank, 1, announce=False) == [0]  # a launch starts: stale ones go
+    assert os.listdir(tmp) == [mine.name]
 
 
 def test_preload_puts_a_module_in_every_later_rank():

@@ -31,6 +31,8 @@ HEAVY_MODULES = ("transformers", "torch.nn.parallel.distributed", "torch.distrib
                  "torch.distributed.tensor.parallel", "torch.distributed.pipelining")
 
 
+STORE_PREFIX = "parlab-store-"  # then the kernel's pid: a store whose kernel has ended is stale
+
 # torch modules that ranks had to import themselves (reported by _worker._report_imports), in order.
 _rank_imports: dict[str, None] = {}
 
@@ -99,7 +101,8 @@ class _Launch:
     def start(self) -> None:
         if self.plan.device_type == "cuda":  # on a shared machine, GPUs no other launch holds (lease.py)
             self.gpus = lease.acquire(self.plan.world_size, what=f"{self.plan.world_size} ranks")
-        fd, self.store_path = tempfile.mkstemp(prefix="parlab-store-")
+        clean_stale_stores()  # a kernel that was killed mid-launch left its store behind
+        fd, self.store_path = tempfile.mkstemp(prefix=f"{STORE_PREFIX}{os.getpid()}-")
         os.close(fd)
         common = {
             "world_size": self.plan.world_size, "backend": self.plan.backend,
@@ -299,6 +302,37 @@ class _Launch:
             r.proc.close()
         if self.store_path is not None:
             _try(os.unlink, self.store_path)
+
+
+def clean_stale_stores(folder: str | None = None) -> list[str]:
+    """Remove rendezvous store files (``parlab-store-<pid>-*``) whose kernel has ended; returns them.
+    A launch removes its own when it ends; a kernel killed during a launch cannot."""
+    folder = folder or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(STORE_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(STORE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except OSError:  # another user's, in a sticky folder; or removed by someone else just now
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _cell_sources() -> dict:

@@ -1,4 +1,4 @@
-"""Ring attention (``parlab.lab.parallel.context``, chapter 09) against full attention in one process
+"""Ring attention (``parlab.lab.parallel.context``, chapter 10) against full attention in one process
 (PyTorch's ``scaled_dot_product_attention``): outputs and gradients of q, k, v, at cp 2, 3 and 4, with
 grouped-query attention, causal (contiguous and load-balanced) and not, sequences that do not divide;
 bytes sent against ``ring_bytes``, work per rank against ``Layout.score_pairs``, memory kept for backward

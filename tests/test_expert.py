@@ -1,4 +1,4 @@
-"""Expert parallelism (``parlab.lab.parallel.expert``, chapter 09) against the dense mixture of experts in one
+"""Expert parallelism (``parlab.lab.parallel.expert``, chapter 10) against the dense mixture of experts in one
 process: outputs, the load-balancing loss, dropped tokens and every gradient, at ep 2, 3 and 4 (6 experts:
 uneven placement at 4), top-1 and top-2, with and without dropping; all-to-all bytes against the formula;
 a planted bug (slots handed to the experts in the wrong order) caught by a wide margin. Both layers against

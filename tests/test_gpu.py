@@ -134,7 +134,7 @@ def test_nccl_p2p_disable_takes_effect(disable, tmp_path, monkeypatch):
 
 @needs_two
 def test_ring_attention_matches_pytorch_context_parallel():
-    """Chapter 09's GPU reference: PyTorch's context_parallel (it refuses CPU attention) shards the sequence
+    """Chapter 10's GPU reference: PyTorch's context_parallel (it refuses CPU attention) shards the sequence
     as parlab.lab.parallel.context.Layout does (head and tail chunks), and both match full attention."""
     from parlab.lab.parallel import context as cpx
 

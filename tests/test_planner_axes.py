@@ -1,4 +1,4 @@
-"""Pricing the cp and ep axes (``parlab.decide.planner_axes``, chapter 09) against the estimator and by hand."""
+"""Pricing the cp and ep axes (``parlab.decide.planner_axes``, chapter 10) against the estimator and by hand."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_llama3_128k_layout():
 
 
 def test_llama3_128k_fits_its_h100s_only_with_recomputation():
-    """The published run the course prices in chapter 09 fits the 80 GB it ran on by the estimate: with the
+    """The published run the course prices in chapter 10 fits the 80 GB it ran on by the estimate: with the
     paper's FSDP (optimizer states and fp32 gradients sharded over dp × cp, the weights whole) and
     recomputation; CP alone leaves transformers' Llama activations above 80 GB."""
     plain, recomputed = pa.llama3_128k(), pa.llama3_128k(checkpointing=True)

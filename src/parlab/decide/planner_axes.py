@@ -1,4 +1,4 @@
-"""Pricing the cp and ep axes (chapter 09), beside the planner's dp, tp and pp (``parlab.decide.planner``, chapter 07).
+"""Pricing the cp and ep axes (chapter 10), beside the planner's dp, tp and pp (``parlab.decide.planner``, chapter 07).
 
 Built only on the estimator's and the planner's public functions, so that it can later be folded into
 ``planner.predict``:

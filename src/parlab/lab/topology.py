@@ -4,11 +4,11 @@
 
 - ``pp``  pipeline stages (chapter 06): outermost, so a stage's ranks are a contiguous block of ranks;
 - ``dp``  data-parallel replicas or ZeRO shards (chapters 03–04);
-- ``cp``  context parallelism (chapter 09): each rank of a group holds a part of every sequence;
+- ``cp``  context parallelism (chapter 10): each rank of a group holds a part of every sequence;
 - ``tp``  tensor parallelism (chapter 05): innermost, so a tensor-parallel group is made of neighbouring
           ranks, which on a cluster are the GPUs of one node, joined by the fastest links.
 
-Expert parallelism (chapter 09) adds no ranks: as in torchtitan's ``ParallelDims`` (experts "borrow all cp
+Expert parallelism (chapter 10) adds no ranks: as in torchtitan's ``ParallelDims`` (experts "borrow all cp
 and some dp_shard degree"), the ``ep`` ranks that share their experts are carved out of the ``dp × cp``
 ranks of one pipeline stage and tensor-parallel position (when ``ep > 1``, ``ep`` must divide ``dp·cp`` and be
 a multiple of ``cp``; ``ep = 1``, a dense model, allows any ``cp``). Two derived axes follow: ``ep``,
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from parlab.lab.checks import positive_int
 
 AXES = ("pp", "dp", "cp", "tp")  # outermost to innermost: the DeviceMesh's dims
-EXPERT_AXES = ("ep", "edp")  # derived from dp × cp (chapter 09): groups, no ranks of their own
+EXPERT_AXES = ("ep", "edp")  # derived from dp × cp (chapter 10): groups, no ranks of their own
 FLAT_AXES = ("dp_cp",)  # dp and cp as one: the replicas of the dense weights (torchtitan's dp_shard_cp)
 
 

@@ -187,8 +187,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
                     for name in ("coords", "group_ranks", "groups", "rank_at", "describe")),
     "ch07.2": ("parlab.lab.measure.memory.estimate_memory", "parlab.decide.planner.step._predict"),
     "ch07.3": ("parlab.decide.planner.step._predict",),
-    "ch09.1": ("parlab.lab.parallel.context.combine",),
-    "ch09.2": ("parlab.lab.parallel.expert.route", "parlab.lab.parallel.expert.dispatch"),
+    "ch10.1": ("parlab.lab.parallel.context.combine",),
+    "ch10.2": ("parlab.lab.parallel.expert.route", "parlab.lab.parallel.expert.dispatch"),
 }
 
 #: (exercise, why) of the scopes open now, innermost last (a check may nest in another)

@@ -15,7 +15,7 @@ Three ways in, for three kinds of code:
     ``DistributedDataParallel`` launches its bucket all-reduces from C++, below the dispatcher; this
     registers a comm hook that records each bucket.
 ``with CommLog() as log:``
-    Every strategy the course builds (``parlab.lab.parallel``, chapters 03–09) issues its collectives through
+    Every strategy the course builds (``parlab.lab.parallel``, chapters 03–10) issues its collectives through
     ``parlab.lab.parallel.comm.communicate``, which hands one record per op to every log attached while the
     op was issued (``parlab.lab.measure.attach``): ``with CommLog() as log: DDPOverlap(model)(x).sum().backward()``.
 ``CommLog.add(...)``

@@ -7,7 +7,7 @@ Every strategy wraps (or transforms) a model written as ordinary single-device c
 flow); chapter 04 ``zero`` (ZeRO stages 1–3); chapter 05 ``tensor`` (Megatron-style tensor parallelism; ``tensor_plan`` applies it to
 a model by a plan, ``tensor_models`` holds GPT-2's and Llama's); chapter 06 ``pipeline`` (its schedules, as
 data, in ``pipeline_schedule``; their messages in ``pipeline_p2p``); chapter 07 composes them on a mesh;
-chapter 09 adds ``context`` (ring attention over the ``cp`` axis) and ``expert`` (a mixture of experts over
+chapter 10 adds ``context`` (ring attention over the ``cp`` axis) and ``expert`` (a mixture of experts over
 the ``ep`` ranks carved out of dp × cp), checked against ``expert_reference`` (the layer token by token), and
 ``expert_practice`` (dropless dispatch, aux-loss-free balancing, node-limited routing).
 """

@@ -47,7 +47,7 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
       buffers are left unspecified, as ``dist.reduce`` says).
     - ``all_to_all``: ``output`` ← the chunk every rank addressed to this one, in group order; ``tensor``'s
       dim 0 is cut into one chunk per rank, evenly or by ``splits=(input_splits, output_splits)`` (rows
-      sent to, and received from, each rank), as ``dist.all_to_all_single`` does (chapter 09's experts).
+      sent to, and received from, each rank), as ``dist.all_to_all_single`` does (chapter 10's experts).
 
     Bytes recorded follow nccl-tests' "size" on every rank: the whole buffer (all-reduce, broadcast,
     reduce, send/recv), the gathered output (all-gather, gather: group size × ``tensor``) or the input

@@ -1,4 +1,4 @@
-"""Context parallelism from scratch: ring attention with the online-softmax rule (chapter 09).
+"""Context parallelism from scratch: ring attention with the online-softmax rule (chapter 10).
 
 H. Liu, M. Zaharia, P. Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
 2023 (arXiv:2310.01889); the online softmax of M. Milakov, N. Gimelshein, "Online normalizer calculation
@@ -265,7 +265,7 @@ def ring_attention(q, k, v, layout: Layout, group=None, *, causal: bool = True, 
     same tokens' keys and values (grouped-query attention when kv_heads < heads). Returns (b, heads, n, d):
     this rank's rows of softmax(q·kᵀ/√d)·v over all seq_len keys (causal: those at or before each query).
     group: the cp group (``Topology.group("cp")``; default every rank). combine_fn: the online-softmax rule
-    (:func:`combine`; chapter 09's exercise passes its own). work: a list to which each step appends the
+    (:func:`combine`; chapter 10's exercise passes its own). work: a list to which each step appends the
     visible (query, key) pairs of its block: the work of a kernel that skips masked tiles (this one skips
     only blocks the mask hides entirely, and masks the rest)."""
     n = dist.get_world_size(group)

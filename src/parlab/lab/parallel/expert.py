@@ -1,4 +1,4 @@
-"""Expert parallelism from scratch: a mixture-of-experts layer whose experts live on different ranks (chapter 09).
+"""Expert parallelism from scratch: a mixture-of-experts layer whose experts live on different ranks (chapter 10).
 
 N. Shazeer et al., "Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer", 2017
 (arXiv:1701.06538); D. Lepikhin et al., "GShard", 2020 (arXiv:2006.16668), §2–3; W. Fedus, B. Zoph,
@@ -251,7 +251,7 @@ def busiest_over_mean(tokens_per_rank) -> float:
 
 
 def sync_gradients(layer: ExpertParallelMoE, topology, dense_group=None) -> None:
-    """Data parallelism around expert parallelism (``Topology(ep=...)``, chapter 09), each rank's loss the
+    """Data parallelism around expert parallelism (``Topology(ep=...)``, chapter 10), each rank's loss the
     mean over its own tokens: the router's gradient is summed over every rank that holds the same dense
     weights, dp × cp of them (``dense_group``, default ``topology.group("dp_cp")``, torchtitan's
     ``dp_shard_cp``: each cp rank saw other tokens of the sequence, so summing over dp alone misses them),

@@ -1,4 +1,4 @@
-"""Mixture of experts as large runs train it today (chapter 09, under the hood): dropless expert parallelism
+"""Mixture of experts as large runs train it today (chapter 10, under the hood): dropless expert parallelism
 with variable splits, DeepSeek-V3's auxiliary-loss-free balancing, and node-limited routing.
 
 - **Dropless** (T. Gale et al., "MegaBlocks", 2022, arXiv:2211.15841; Megatron-Core's ``alltoall`` token

@@ -1,4 +1,4 @@
-"""A mixture of experts the slow way, one token at a time: the independent reference of chapter 09.
+"""A mixture of experts the slow way, one token at a time: the independent reference of chapter 10.
 
 :mod:`parlab.lab.parallel.expert` routes, dispatches and combines with tensors, and :class:`~parlab.lab.parallel.expert.
 ExpertParallelMoE` shares those functions with the dense :class:`~parlab.lab.parallel.expert.MoE`: a bug in them

@@ -1,4 +1,4 @@
-"""Chapter 09's exercises: the online-softmax rule, run inside the ring on N ranks against full attention;
+"""Chapter 10's exercises: the online-softmax rule, run inside the ring on N ranks against full attention;
 and how many token slots each rank's experts receive from one rank, under top-k routing with a capacity."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _ring_with(fn):
     k, v = (torch.randn(B, KV_HEADS, SEQ, D, generator=g, dtype=torch.float64) for _ in range(2))
     layout = cpx.Layout(SEQ, n)
     try:
-        with refusing("ch09.1", OWN_COMBINE):
+        with refusing("ch10.1", OWN_COMBINE):
             problem = _diagnose_two_blocks(fn)
             if problem:
                 return {"problem": problem}
@@ -76,7 +76,7 @@ def check_online_softmax_combine(fn, world_size: int = 2) -> Passed:
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
     try:
-        with refusing("ch09.1", OWN_COMBINE):
+        with refusing("ch10.1", OWN_COMBINE):
             problem = _diagnose_two_blocks(fn)  # in this process first: a wrong rule fails without launching
     except ExerciseFailed as refused:
         problem = str(refused)
@@ -105,7 +105,7 @@ def _counts_on_rank(fn):
     kept = torch.bincount(routing.expert[routing.kept], minlength=EXPERTS)
     want = [int(kept[p.start:p.stop].sum()) for p in epx.placement(EXPERTS, n)]
     try:
-        with refusing("ch09.2", "count the slots yourself from routing.expert, in the priority order stated"):
+        with refusing("ch10.2", "count the slots yourself from routing.expert, in the priority order stated"):
             got = fn(routing.expert.clone(), EXPERTS, n, CAPACITY)
     except NotImplementedError:
         return {"problem": "received is not written yet (it raises NotImplementedError)"}

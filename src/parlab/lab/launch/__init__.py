@@ -2,8 +2,9 @@
 
 from parlab.lab.launch._zygote import preload, shutdown
 from parlab.lab.launch.errors import LaunchError, RankCrashedError, RankError, RankTimeoutError
+from parlab.lab.launch.kernel_gpus import leased_gpus
 from parlab.lab.launch.launcher import launch
 from parlab.lab.launch.plan import Plan, make_plan
 
-__all__ = ["launch", "make_plan", "Plan", "preload", "shutdown", "LaunchError", "RankError", "RankCrashedError",
-           "RankTimeoutError"]
+__all__ = ["launch", "leased_gpus", "make_plan", "Plan", "preload", "shutdown", "LaunchError", "RankError",
+           "RankCrashedError", "RankTimeoutError"]

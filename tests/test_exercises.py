@@ -608,6 +608,33 @@ def test_chapter_05_solutions_pass_and_copies_fail():
         check_sp_costs(sol["solution_sp_recompute"], "b", "b")
 
 
+def test_chapter_05_hints_name_dividing_and_multiplying_by_t():
+    """05.1 dividing by t (an average where a sum is needed; the bias split t ways) and 05.3 multiplying by t
+    (seq_len taken for each rank's chunk) fail with a hint that names the mistake, not only the numbers."""
+    import torch.nn.functional as F
+
+    from parlab.course.exercises import check_row_parallel_forward, check_sp_costs
+    from parlab.lab.parallel import tensor as tp
+
+    def averaged(layer, x):  # the partial sums averaged, as DDP averages gradients
+        return tp.reduce_from_tp(F.linear(x, layer.weight), layer.comm) / layer.comm.size + layer.bias
+
+    def bias_split(layer, x):  # bias/t on every rank before the sum: the output is right, its gradient is not
+        return tp.reduce_from_tp(F.linear(x, layer.weight) + layer.bias / layer.comm.size, layer.comm)
+
+    with pytest.raises(ExerciseFailed, match=r"partial sums divided by t = 2: an average.*do not divide by t"):
+        check_row_parallel_forward(averaged, world_size=2)
+    with pytest.raises(ExerciseFailed, match=r"bias's gradient is 1/2 of the dense layer's: the bias was divided by t"):
+        check_row_parallel_forward(bias_split, world_size=2)
+
+    def times_t(batch, seq_len, hidden, tp_size):  # seq_len taken as each rank's chunk: t times too much
+        return 2 * batch * seq_len * hidden * 4 * (tp_size - 1), 2
+
+    with pytest.raises(ExerciseFailed, match=r"that is 4 times too much, multiplied by t = tp_size: seq_len is the whole "
+                                             r"sequence"):
+        check_sp_costs(times_t, "b", "a")
+
+
 def test_chapter_06_solutions_pass_and_wrong_answers_fail():
     from parlab.course.exercises import (
         check_interleave_tradeoff,

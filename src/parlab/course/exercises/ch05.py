@@ -78,6 +78,9 @@ def _diagnose(r: dict, t: int) -> str | None:
         return f"the bias was added on every rank before the sum, so it counts {t} times"
     elif torch.allclose(y, want - r["bias"], atol=1e-5):
         return "the bias is missing"
+    elif any(torch.allclose(y, (want - r["bias"]) / t + b, atol=1e-5) for b in (r["bias"], 0, r["bias"] / t)):
+        return (f"the output is the ranks' partial sums divided by t = {t}: an average, as data parallelism averages "
+                f"gradients. Here each rank's X_r·A_r is one term of a single sum: add them, do not divide by t")
     else:
         return f"the output differs from the dense layer's by up to {(y - want).abs().max().item():.3g}"
     reductions = [op for op in r["ops"] if op[0] == "all_reduce"]
@@ -88,6 +91,12 @@ def _diagnose(r: dict, t: int) -> str | None:
     for name, got, want in r["grads"]:
         if got is None:
             return f"no gradient reached {name}"
+        if name == "bias" and torch.allclose(got, want / t, atol=1e-5):
+            return (f"the output is right, but the bias's gradient is 1/{t} of the dense layer's: the bias was divided "
+                    f"by t and added on every rank before the sum, so each rank's copy learns {t} times too slowly. "
+                    f"Add the whole bias once, after the sum")
+        if torch.allclose(got, want / t, atol=1e-5):
+            return f"the gradient of {name} is 1/{t} of the dense layer's: something divides by t that should not"
         if name == "x" and torch.allclose(got, t * want, atol=1e-5):
             return (f"the gradient of x is {t} times too large: the collective's backward summed gradients that "
                     f"every rank already holds whole (g's backward is the identity)")
@@ -221,9 +230,13 @@ def check_sp_costs(saved_and_gathers, norms: str, literal: str) -> Passed:
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}) returned {got!r:.60}: return (bytes, all-gathers)")
         if got[0] != want[0]:
+            t = case["tp_size"]
             hint = (" (half of it: the values are fp32, 4 bytes each, and GPT-2's layer has two column-parallel "
                     "inputs, c_attn's and c_fc's)" if got[0] * 2 == want[0] else " (each rank keeps s/t of the tokens: it saves (t − 1)/t of each)"
-                    if got[0] == want[0] * case["tp_size"] // (case["tp_size"] - 1) else "")
+                    if got[0] == want[0] * t // (t - 1) else
+                    f" (that is {t} times too much, multiplied by t = tp_size: seq_len is the whole sequence, so a "
+                    f"gathered input is batch·seq_len·hidden values and each rank's chunk 1/t of it; you counted "
+                    f"as if seq_len were the chunk, and saved (t − 1) chunks of it)" if got[0] == want[0] * t else "")
             raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}): {got[0]!r} bytes saved; expected {want[0]:,}{hint}")
         if got[1] != want[1]:
             raise ExerciseFailed(f"{_name(saved_and_gathers)}({args}): {got[1]!r} all-gathers added per layer; each "

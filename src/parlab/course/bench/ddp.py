@@ -20,7 +20,8 @@ PRESETS = {  # GPT-2 sizes: a CPU box, and a GPU (GPT-2 small, as in the guide's
 
 
 def measure(cfg: dict) -> dict:
-    """Runs on every rank; returns {kind: [seconds per step, one per round]} (the slowest rank's)."""
+    """Runs on every rank; returns {kind: [seconds per step, one per round]} (the slowest rank's) under
+    ``times``, and the device type the ranks ran on under ``device`` (a plot's label says what ran)."""
     from parlab.lab.models import shard, tiny_gpt2, token_batch
     from parlab.lab.parallel import DDPBuckets, DDPNaive, DDPOverlap
 
@@ -54,7 +55,7 @@ def measure(cfg: dict) -> dict:
     times = time_alternating({k: functools.partial(step, k) for k in KINDS}, rounds=cfg["rounds"],
                              steps=cfg["steps"], warmup=cfg["warmup"])
     num_params = sum(p.numel() for p in models["v1"].parameters())
-    return {"times": times, "num_params": num_params, "buckets": len(models["v3"].buckets)}
+    return {"times": times, "num_params": num_params, "buckets": len(models["v3"].buckets), "device": dev.type}
 
 
 def plot(result: dict, title: str):

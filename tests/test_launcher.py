@@ -41,6 +41,22 @@ def start_method(request, monkeypatch):
     assert wait_gone([p.pid for p in multiprocessing.active_children()]) == [], "spawned ranks outlived the launch"
 
 
+@pytest.fixture(autouse=True)
+def cpu_mode(request, monkeypatch):
+    """The unmarked tests are about CPU mode (gloo ranks, "gloo · CPU" announce lines, devices "cpu"): on a
+    GPU runner, which runs this file too, they must still get it. A launch's mode is decided from the GPUs
+    a launch may use (``plan.visible_gpus``); here there are none. Tests marked ``gpu`` see the machine."""
+    if "gpu" not in request.node.keywords:
+        _force_cpu_mode(monkeypatch)
+
+
+_MACHINE_GPUS = plan_module.visible_gpus  # what a launch would see without cpu_mode
+
+
+def _force_cpu_mode(monkeypatch):
+    monkeypatch.setattr(plan_module, "visible_gpus", lambda: 0)
+
+
 # A representative subset (results, objects that travel, output, each kind of failure, orphans): spawn
 # costs seconds a launch.
 both_start_methods = pytest.mark.parametrize("start_method", ["zygote", "spawn"], indirect=True)
@@ -65,6 +81,22 @@ def test_results_indexed_by_rank(world_size):
         torch.testing.assert_close(r["sum"], torch.tensor([float(expected)]))
         assert r["device"] == "cpu"
         assert r["threads"] == max(1, plan_module.cpu_count() // world_size)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_cpu_mode_tests_keep_cpu_mode_on_a_gpu_machine(gpus, monkeypatch):
+    """A machine with 1, 2, 4 or 8 GPUs, as a GPU runner is (faked where torch counts them): this file's
+    CPU-mode tests still plan CPU ranks and get them. Without ``cpu_mode`` a world of 2 would plan NCCL
+    ranks here (and, on this GPU-less machine, fail to start them)."""
+    from parlab.lab.launch import lease
+
+    monkeypatch.setattr(lease, "_torch_device_count", lambda: gpus)
+    monkeypatch.delenv("PARLAB_GPUS", raising=False)
+    monkeypatch.setattr(plan_module, "visible_gpus", _MACHINE_GPUS)  # the bare machine first
+    assert make_plan(min(2, gpus)).device_type == "cuda"  # what the machine alone would decide
+    _force_cpu_mode(monkeypatch)
+    assert {make_plan(w).device_type for w in (1, 2, 3, 4)} == {"cpu"}
+    assert [r["device"] for r in parlab.launch(_sum_of_ranks, 2, args=(1.0,), announce=False)] == ["cpu", "cpu"]
 
 
 class Point:  # a class defined in the caller, used on the ranks and returned

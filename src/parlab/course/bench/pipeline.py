@@ -9,7 +9,8 @@ step, then ``steps`` recorded ones, and keeps the step that took least time (the
 disturbed least); every step's events are kept too, so that a chapter can show the spread over steps.
 :func:`recorded_bubbles` gives a run's bubble at each recorded step.
 :func:`gpt2_step` runs one step of a tiny GPT-2 cut by layers under our executor or PyTorch's, for the
-chapter's parity check; :func:`traffic` is the chapter's model of what DDP, TP and PP send per step.
+chapter's parity check (:func:`gpt2_steps`: several in one launch); :func:`traffic` is the chapter's model of
+what DDP, TP and PP send per step.
 """
 
 from __future__ import annotations
@@ -243,6 +244,19 @@ def gpt2_step(who: str, name: str) -> dict:
         run.step(*((tokens,) if first else ()), **({"target": tokens, "losses": losses} if last else {}))
     return {"losses": [v.detach().cpu() for v in losses], "messages": [(r.op, r.bytes) for r in log.records],
             "grads": {s: [q.grad.cpu() for q in stages[s].parameters()] for s in mine}}
+
+
+def gpt2_steps(runs: list[tuple]) -> dict:
+    """On every rank: :func:`gpt2_step` for each ``(who, name)`` of ``runs``, in one launch (one start-up
+    of the ranks instead of one per run) → ``{(who, name): this rank's result}``."""
+    return {run: gpt2_step(*run) for run in runs}
+
+
+def gpt2_stages(p: int, num_stages: int):
+    """The tiny GPT-2 :func:`gpt2_step` trains on ``p`` ranks (2p layers), cut into ``num_stages`` stages."""
+    from parlab.lab.parallel.pipeline import split_gpt2
+
+    return split_gpt2(_gpt2(2 * p), num_stages)
 
 
 def gpt2_single(num_layers: int, num_stages: int):

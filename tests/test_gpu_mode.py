@@ -361,3 +361,14 @@ def test_a_job_with_fewer_gpus_than_local_ranks_runs_every_rank_on_cpu(monkeypat
         else:
             assert got == "cpu" and calls["backend"] == "gloo" and calls["device_id"] is None
             assert "set_device" not in calls and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_gpu_modes_gloo_half_stays_on_loopback_too():
+    """GPU mode's group is ``cpu:gloo,cuda:nccl``: its gloo half (CPU tensors, object collectives) must be
+    kept on loopback as plain gloo's is, or it picks whatever interface the host name resolves to."""
+    from parlab.lab.launch._loop import gloo_interface
+
+    for backend in ("gloo", "cpu:gloo,cuda:nccl", "cpu:gloo,cuda:gloo"):
+        assert gloo_interface(backend, {}) == {"GLOO_SOCKET_IFNAME": "lo"}, backend
+    assert gloo_interface("nccl", {}) == {}
+    assert gloo_interface("cpu:gloo,cuda:nccl", {"GLOO_SOCKET_IFNAME": "eth0"}) == {}  # the learner's choice stays

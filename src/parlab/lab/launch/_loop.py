@@ -119,10 +119,7 @@ class _Launch:
         # GPU mode: the leased GPUs (all visible ones without a lease). CPU mode: none at all, set before the
         # rank starts, so that nothing it runs (a profiler, Timeline, the Trainer) touches a GPU it was not given.
         base_env.update(self.gpus.env if self.plan.device_type == "cuda" else {"CUDA_VISIBLE_DEVICES": NO_GPUS})
-        if self.plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in base_env:
-            loopback = _loopback_interface()
-            if loopback:  # all ranks are on this machine: keep their traffic on loopback
-                base_env["GLOO_SOCKET_IFNAME"] = loopback
+        base_env.update(gloo_interface(self.plan.backend, base_env))
         if self.start_method == "zygote":
             with _zygote_lock:
                 zygote = _zygote_with(_auto_preloads())
@@ -339,6 +336,16 @@ def _cell_sources() -> dict:
     """linecache entries with no file behind them (notebook cells), so ranks' tracebacks show the code."""
     return {name: entry for name, entry in list(linecache.cache.items())
             if len(entry) == 4 and (entry[1] is None or name.startswith("<"))}
+
+
+def gloo_interface(backend: str, env: dict) -> dict:
+    """``GLOO_SOCKET_IFNAME`` for a launch's ranks: all of them are on this machine, so gloo's traffic stays
+    on loopback, for plain ``gloo`` and for GPU mode's gloo half (``cpu:gloo,cuda:nccl``) alike; a value the
+    environment already has is kept."""
+    if "gloo" not in backend or "GLOO_SOCKET_IFNAME" in env:
+        return {}
+    loopback = _loopback_interface()
+    return {"GLOO_SOCKET_IFNAME": loopback} if loopback else {}
 
 
 def _loopback_interface() -> str | None:

@@ -3,6 +3,8 @@ computation, and DDP's buckets as PyTorch cuts them (chapter 06)."""
 
 from __future__ import annotations
 
+import math
+
 from parlab.lab.checks import positive_int
 from parlab.decide.planner.hardware import BUCKET_BYTES
 
@@ -44,6 +46,37 @@ IMPLEMENTATIONS = ("megatron", "deepspeed", "course", "fsdp1")
 #:   first forward, and 1 reduce-scatter after the last backward, with nothing left to hide it; the weights
 #:   and whole gradients stay on the rank through the step, which is stage 1's memory.
 RESHARDS = ("after_forward", "after_backward", "after_step")
+#: Megatron-Core's default gradient bucket, in parameters: ``max(40000000, 1000000 * dp_size)``, "larger DP
+#: sizes need larger buckets to ensure collectives do not become latency-bound"
+#: (``megatron/core/distributed/distributed_data_parallel_config.py``, ``bucket_size``): (floor, per DP rank).
+MEGATRON_BUCKET_PARAMS = (40_000_000, 1_000_000)
+#: DeepSpeed's gradient bucket, in elements: ZeRO-1/2's ``reduce_bucket_size`` (and ``allgather_bucket_size``)
+#: default 5e8 (``deepspeed/runtime/zero/config.py``), and the engine's ``MEMORY_OPT_ALLREDUCE_SIZE`` = 5e8
+#: with which its BF16_Optimizer's gradients are all-reduced (``deepspeed/runtime/engine.py``).
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+
+
+def bucket_bytes(implementation: str, dp: int, grad_bytes: int) -> float:
+    """Bytes of one gradient bucket as ``implementation`` cuts them for DDP and ZeRO-1/2 over ``dp`` ranks,
+    gradients of ``grad_bytes`` each: Megatron-Core's :data:`MEGATRON_BUCKET_PARAMS`, DeepSpeed's
+    :data:`DEEPSPEED_BUCKET_ELEMENTS`, else PyTorch DDP's ``bucket_cap_mb`` (25 MiB: the course's DDP and
+    ZeRO-2, and plain DDP beside llm-foundry's FSDP1). ZeRO-3 reduces per wrapped block
+    (:func:`zero3_step`'s ``blocks``), not by buckets. Each bucket is one collective call, paying its ring's
+    latency once."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    positive_int("dp", dp, "data-parallel ranks")
+    if implementation == "megatron":
+        floor, per_rank = MEGATRON_BUCKET_PARAMS
+        return max(floor, per_rank * dp) * grad_bytes
+    if implementation == "deepspeed":
+        return DEEPSPEED_BUCKET_ELEMENTS * grad_bytes
+    return BUCKET_BYTES
+
+
+def bucket_count(implementation: str, dp: int, reduce_bytes: float, grad_bytes: int) -> int:
+    """Collective calls that reduce ``reduce_bytes`` of gradients: the buckets of :func:`bucket_bytes`."""
+    return max(1, math.ceil(reduce_bytes / bucket_bytes(implementation, dp, grad_bytes)))
 
 
 def predict_dp_step(strategy: str, costs: dict, num_bytes: float, world_size: int, forward_s: float,

@@ -43,6 +43,7 @@ class PublishedRun:
     nodes_kind: str = "nvlink"
     precision: str = "bf16"
     chunks: int = 1  # interleaved model chunks per pipeline rank, where the source names them
+    grad_dtype: str | None = None  # gradients kept and reduced in; None: the implementation's default
 
     @property
     def nodes(self) -> int:
@@ -70,7 +71,8 @@ class PublishedRun:
         """The planner's prediction of this run on its hardware; ``options`` go to :func:`predict`
         (``without=``, to leave a cost term out)."""
         return predict(self.workload(), self.layout, cluster or self.cluster(),
-                       **{"implementation": self.implementation, "chunks": self.chunks, **options})
+                       **{"implementation": self.implementation, "chunks": self.chunks, "grad_dtype": self.grad_dtype,
+                          **options})
 
     @property
     def tflops(self) -> float:

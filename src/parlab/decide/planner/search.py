@@ -14,7 +14,7 @@ from parlab.decide.planner.workload import Layout, Workload, stage_layers
 def candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), chunks=(1,),
                **options) -> list[Prediction]:
     """Every layout of ``cluster`` the model and batch allow, predicted; those that fit first, fastest first.
-    TP divides the heads and may span up to four nodes (tried, and priced at the links it crosses); PP is
+    TP divides the query heads and the K/V heads (:meth:`~parlab.decide.planner.workload.Workload.tp_refusal`) and may span up to four nodes (tried, and priced at the links it crosses); PP is
     any number of stages up to the layers (uneven stages: :func:`stage_layers`); the batch must divide into
     whole micro-batches per replica. ``chunks``: the interleaving depths to try beside a pipeline (each
     where every chunk keeps a layer: :func:`~parlab.decide.planner.step.predict`); a ZeRO stage that no
@@ -27,11 +27,10 @@ def candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), c
 
 def _candidates(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), chunks=(1,),
                 **options) -> list[Prediction]:
-    heads = workload.config.num_attention_heads
     n, out = cluster.world_size, []
     with_sp = (dataclasses.replace(workload, sequence_parallel=True)
                if options.get("tp_overlap") and not workload.sequence_parallel else workload)
-    for tp in (t for t in range(1, min(n, 4 * cluster.gpus_per_node) + 1) if n % t == 0 and heads % t == 0
+    for tp in (t for t in range(1, min(n, 4 * cluster.gpus_per_node) + 1) if n % t == 0 and not workload.tp_refusal(t)
                and (t <= cluster.gpus_per_node and cluster.gpus_per_node % t == 0 or t % cluster.gpus_per_node == 0)):
         for pp in (p for p in range(1, workload.layers + 1) if n % (tp * p) == 0):
             dp = n // (tp * pp)

@@ -3,14 +3,13 @@ parallelism's collectives (:mod:`parlab.decide.planner.data_parallel`), priced p
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from parlab.lab.checks import positive_int
 from parlab.lab.measure.memory import MemoryEstimate
 from parlab.decide.planner import memory as _memory
-from parlab.decide.planner.data_parallel import STRATEGIES, predict_dp_step
-from parlab.decide.planner.hardware import BUCKET_BYTES, OPTIMIZER_BYTES_PER_PARAM, Cluster, collective_seconds, ring_costs
+from parlab.decide.planner.data_parallel import STRATEGIES, bucket_count, predict_dp_step
+from parlab.decide.planner.hardware import OPTIMIZER_BYTES_PER_PARAM, Cluster, collective_seconds, ring_costs
 from parlab.decide.planner.workload import Layout, Workload, stage_layers, stage_params
 
 
@@ -77,7 +76,8 @@ def deepspeed_backward_gathers(layer_params: float, recompute: str) -> int:
 
 
 def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
-            reshard: str | None = None, chunks: int = 1, tp_overlap: bool = False, without=()) -> Prediction:
+            reshard: str | None = None, chunks: int = 1, tp_overlap: bool = False, without=(),
+            grad_dtype: str | None = None) -> Prediction:
     """Memory per rank and seconds per step of ``workload`` under ``layout`` on ``cluster`` (a model: see
     the package docstring for what it counts and what it leaves out). ``implementation`` and ``reshard``: as
     :func:`predict_dp_step` takes them; ``reshard=None``: ZeRO-3 beside a pipeline as
@@ -85,7 +85,10 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     The implementation and precision also set the gradients' dtype, in memory and in the bytes reduced
     (:meth:`Workload.grad_bytes`): Megatron-LM in bf16 keeps and reduces them in fp32 (18 bytes per
     parameter), in fp16 in fp16; DeepSpeed's BF16_Optimizer (bf16, stage 0 or 1) in fp32 too; DeepSpeed's
-    ZeRO-2/3 and the course in the compute dtype. A ZeRO stage no implementation runs beside a pipeline
+    ZeRO-2/3 and the course in the compute dtype. ``grad_dtype`` (``"fp32"``, ``"bf16"``, ``"fp16"``) prices
+    the dtype the run being priced used instead of that default (Megatron-Core's ``grad_reduce_in_fp32`` is
+    off by default; FSDP2's ``reduce_dtype``). Each implementation's gradient buckets are its own
+    (:func:`~parlab.decide.planner.data_parallel.bucket_bytes`). A ZeRO stage no implementation runs beside a pipeline
     (:func:`unsupported`: ZeRO-2, and DeepSpeed's ZeRO-3) is refused. ZeRO-3 is FSDP2's (one all-gather per block, the next
     block prefetched) except under ``"deepspeed"``: DeepSpeed's ZeRO-3 as Narayanan et al. 2021 ran it, one
     all-gather per parameter tensor, prefetched only where a tensor fits its prefetch buffer
@@ -98,11 +101,12 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     ``workload.sequence_parallel``, as Megatron-LM refuses the overlap without SP. ``without``: cost
     terms left out (:data:`TERMS`), to see what each adds."""
     return _predict(workload, layout, cluster, implementation=implementation, reshard=reshard, chunks=chunks,
-                    tp_overlap=tp_overlap, without=without)
+                    tp_overlap=tp_overlap, without=without, grad_dtype=grad_dtype)
 
 
 def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
-             reshard: str | None = None, chunks: int = 1, tp_overlap: bool = False, without=()) -> Prediction:
+             reshard: str | None = None, chunks: int = 1, tp_overlap: bool = False, without=(),
+             grad_dtype: str | None = None) -> Prediction:
     """:func:`predict` itself: the checks, then the step part by part, the bytes and the memory."""
     w, off = workload, set(without)
     m, stages, reshard, chunks, cluster = _checked(w, layout, cluster, reshard, chunks, off, implementation)
@@ -127,7 +131,7 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     forward_s = slots * (forward + tp_forward + p2p_s)
     backward_s = slots * (backward + tp_backward + p2p_s)
     optimizer_s = 0.0 if "optimizer" in off else psi * OPTIMIZER_BYTES_PER_PARAM / cluster.gpu.memory_bandwidth
-    grad_value = w.grad_bytes(implementation, layout.zero_stage)  # Megatron-LM, DeepSpeed's BF16_Optimizer: fp32
+    grad_value = w.grad_bytes(implementation, layout.zero_stage, grad_dtype)  # the run's, else its framework's
     zero3, deepspeed3 = layout.zero_stage == 3, layout.zero_stage == 3 and implementation == "deepspeed"
     prefetch = not deepspeed3 or w.layer_tensors[1] / tp <= DEEPSPEED_PREFETCH_PARAMS
     if dp > 1 and "dp" not in off:
@@ -135,7 +139,7 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
         root = w.root_params / (tp * pp) * w.value_bytes if zero3 else 0.0
         step = predict_dp_step(STRATEGIES[layout.zero_stage], ring_costs(cluster.link(layout.topology, "dp"), dp),
                                psi * w.value_bytes, dp, forward_s, backward_s, optimizer_s,
-                               buckets=max(1, math.ceil(psi * grad_value / BUCKET_BYTES)),
+                               buckets=bucket_count(implementation, dp, psi * grad_value, grad_value),
                                blocks=max(1, stages[slow]), overlap=cluster.overlap and "dp_overlap" not in off,
                                micro_batches=m, root_bytes=root, implementation=implementation, reshard=reshard,
                                gathers_per_block=w.layer_tensors[0] if deepspeed3 else 1, prefetch=prefetch,
@@ -198,7 +202,7 @@ def _checked(w: Workload, layout: Layout, cluster: Cluster, reshard, chunks, off
         raise ValueError(f"layout {layout} uses {topo.world_size} ranks; the cluster has {cluster.world_size}")
     if layout.zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={layout.zero_stage!r} must be 0, 1, 2 or 3")
-    why = unsupported(layout, implementation)
+    why = unsupported(layout, implementation) or w.tp_refusal(layout.tp)
     if why:
         raise ValueError(why)
     if reshard is None:

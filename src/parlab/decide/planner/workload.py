@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 
 from parlab.lab.checks import positive_int
@@ -16,6 +17,8 @@ ATTENTIONS = ("sdpa", "eager")
 RECOMPUTES = ("none", "selective", "full")
 #: The training precisions (chapter 01's estimator's): fp32, or mixed precision computing in bf16 or fp16.
 PRECISIONS = ("bf16", "fp16", "fp32")
+#: The dtypes a run may keep and reduce its gradients in (:meth:`Workload.grad_bytes`), bytes each.
+GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def root_params(config) -> int:
@@ -99,8 +102,12 @@ class Workload:
     def value_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
 
-    def grad_bytes(self, implementation: str, zero_stage: int = 0) -> int:
-        """Bytes of one gradient value as ``implementation`` keeps and reduces it under ZeRO ``zero_stage``:
+    def grad_bytes(self, implementation: str, zero_stage: int = 0, grad_dtype: str | None = None) -> int:
+        """Bytes of one gradient value as the run keeps and reduces it: ``grad_dtype`` (one of
+        :data:`GRAD_DTYPES`) where the run names it, since frameworks differ and each has a switch
+        (Megatron-Core's ``DistributedDataParallelConfig.grad_reduce_in_fp32``, default off; Megatron-LM's
+        ``--grad-reduce-in-bf16``; FSDP2's ``MixedPrecisionPolicy.reduce_dtype``); fp32 training keeps fp32
+        whatever is asked. ``None``: ``implementation``'s default under ZeRO ``zero_stage``:
         Megatron-LM in bf16 forces fp32 (its ``arguments.py``: "bfloat16 requires gradient accumulation and
         all-reduce to be done in fp32", setting ``accumulate_allreduce_grads_in_fp32``), and in fp16 keeps them
         in fp16 (the flag's default is off: Narayanan et al. 2021's ``--fp16`` runs). DeepSpeed in bf16 at
@@ -108,9 +115,37 @@ class Workload:
         ran under Megatron-DeepSpeed): gradients accumulate into fp32 copies (``fp32_groups_gradients``),
         which are what it all-reduces (``get_grads_for_reduction``); at stages 2 and 3, and in fp16, DeepSpeed
         keeps and reduces them in the compute dtype, as the course does."""
+        if grad_dtype is not None and grad_dtype not in GRAD_DTYPES:
+            raise ValueError(f"grad_dtype={grad_dtype!r}; choose one of {', '.join(map(repr, GRAD_DTYPES))}, or "
+                             f"None for the implementation's default")
+        if self.precision == "fp32":
+            return 4
+        if grad_dtype is not None:
+            return GRAD_DTYPES[grad_dtype]
         if self.precision != "bf16":
             return self.value_bytes
         return 4 if implementation == "megatron" or implementation == "deepspeed" and zero_stage <= 1 else 2
+
+    @property
+    def kv_heads(self) -> int:
+        """The K/V heads of a layer's attention: fewer than the query heads under grouped-query attention
+        (Llama 2 70B: 8 for 64), read from the config (``num_key_value_heads``), else the query heads."""
+        config = self.config
+        heads = getattr(config, "num_attention_heads", None) or config.n_head
+        return getattr(config, "num_key_value_heads", None) or heads
+
+    def tp_refusal(self, tp: int) -> str | None:
+        """Why ``tp`` tensor-parallel ranks cannot split this model's attention, or ``None``: Megatron's
+        column split gives each rank whole query heads and whole K/V heads, so tp must divide both
+        (Megatron-Core asserts ``num_query_groups % tensor_model_parallel_size == 0``). With fewer K/V heads
+        than ranks the K/V projections would be copied, not split, and neither their weights nor their
+        activations would shrink 1/tp as the planner counts them."""
+        heads = getattr(self.config, "num_attention_heads", None) or self.config.n_head
+        if heads % tp or self.kv_heads % tp:
+            return (f"tp={tp} does not divide the {heads} query heads and {self.kv_heads} K/V heads of this "
+                    f"model (grouped-query attention: Megatron-Core needs num_query_groups % tp == 0); choose a tp "
+                    f"that divides {math.gcd(heads, self.kv_heads)}")
+        return None
 
     @property
     def output_params(self) -> int:

@@ -203,7 +203,7 @@ def main(argv=None) -> int:
         for n in args.learners:
             result = simulate(n, args.launches, ws, gpus=args.gpus, duration=args.duration, scale=args.scale,
                               stagger=0.1, timeout=3600)
-            problems = {k: v for k, v in check(result, slack=1.0).items() if v}
+            problems = {k: v for k, v in check(result, slack=0.5 * args.scale).items() if v}  # 0.5 s of real time
             row = dict(summary(result), problems={k: len(v) for k, v in problems.items()})
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -12,7 +12,9 @@ docs/ci.md lists under "What only a GPU run can settle". In order:
    all-reduce of a CUDA tensor, a ``DeviceMesh`` of type ``cuda`` from ``parlab.lab.runtime.mesh``;
 3. ``memory``: ``measure_memory``'s CUDA peak starts afresh at each measurement; ``peak_memory`` on CUDA;
 4. ``cpu_mode``: a launch with more ranks than GPUs runs on CPU, and its ranks see no GPU at all;
-5. ``job``: chapter 08's FSDP2 job (``parlab.lab.job.train_fsdp.train``) on the GPUs that fit, equal to one process;
+5. ``job``: chapter 08's FSDP2 job (``parlab.lab.job.train_fsdp.train``) on the GPUs that fit, equal to one CPU
+   process within ``runtime.TOLERANCE`` over 4 steps; it prints the share of the tolerance the worst loss uses,
+   which on a GPU is the measured bound that decides the provisional GPU tolerance;
 6. ``require_gpu``: ``parlab run --ci --require-gpu --chapters 00`` (on CPU: refused, as it must be).
 
 Writes ``smoke.json`` (each check: ok, seconds, what it saw) to ``--out``.
@@ -111,12 +113,22 @@ def check_cpu_mode(gpu: bool) -> str:
 def check_job(gpu: bool) -> str:
     from parlab.lab.job import reference, train_fsdp
 
-    cfg = dict(train_fsdp.CONFIG, steps=2, global_batch=8, accumulation=1)
+    from parlab.lab.launch import make_plan
+
+    cfg = dict(train_fsdp.CONFIG, steps=4, global_batch=8, accumulation=1)
     ranks = 2 if not gpu or torch.cuda.device_count() >= 2 else 1
     got = parlab.launch(train_fsdp.train, ranks, args=(cfg,), timeout=120, announce=False)[0]
     want = reference.one_process(cfg)
-    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]), rtol=1e-3, atol=1e-3)
-    return f"FSDP2 job on {ranks} rank(s) = one process: losses {[round(v, 4) for v in got['losses']]}"
+    tol = make_plan(ranks).tolerance  # runtime.TOLERANCE: the course's one tolerance against one CPU process
+    worst = _tolerance_used(torch.tensor(got["losses"]), torch.tensor(want["losses"]), **tol)
+    assert worst <= 1, f"losses {got['losses']} against one process's {want['losses']}: {worst:.2f}x the tolerance {tol}"
+    return (f"FSDP2 job on {ranks} rank(s) = one process over {cfg['steps']} steps: the losses use {worst:.3f} of "
+            f"the tolerance {tol or 'assert_close default'} (runtime.TOLERANCE; on a GPU this measures its bound)")
+
+
+def _tolerance_used(actual, expected, rtol=1.3e-6, atol=1e-5) -> float:
+    """How much of ``assert_close``'s tolerance the worst element uses: above 1 it fails."""
+    return float(((actual - expected).abs() / (atol + rtol * expected.abs())).max())
 
 
 def check_require_gpu(gpu: bool) -> str:

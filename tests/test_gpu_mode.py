@@ -372,3 +372,16 @@ def test_gpu_modes_gloo_half_stays_on_loopback_too():
         assert gloo_interface(backend, {}) == {"GLOO_SOCKET_IFNAME": "lo"}, backend
     assert gloo_interface("nccl", {}) == {}
     assert gloo_interface("cpu:gloo,cuda:nccl", {"GLOO_SOCKET_IFNAME": "eth0"}) == {}  # the learner's choice stays
+
+
+@pytest.mark.parametrize("gpus", GPU_COUNTS)
+def test_one_tolerance_against_one_process_follows_the_launch(gpus, monkeypatch):
+    """Chapters compare a launch's results with one CPU process at ``make_plan(n).tolerance``: assert_close's
+    defaults on CPU ranks, ``runtime.TOLERANCE["cuda"]`` on GPU ranks, decided where the mode is."""
+    monkeypatch.setattr(plan_module, "visible_gpus", lambda: gpus)
+    for world in (1, 2, 4, 8):
+        want = runtime.TOLERANCE["cuda"] if gpus >= world else {}
+        assert make_plan(world).tolerance == want
+    assert runtime.TOLERANCE["cuda"]["rtol"] > 1.3e-6  # wider than float32's default, which GPUs miss
+    with pytest.raises(ValueError, match="device_type must be one of 'cpu', 'cuda'; got 'mps'"):
+        runtime.tolerance("mps")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from parlab.lab.runtime import BACKENDS, GPU_MODE_BACKEND, choose  # the one decision (runtime.py)
+from parlab.lab.runtime import BACKENDS, GPU_MODE_BACKEND, choose, tolerance  # the one decision (runtime.py)
 
 __all__ = ["BACKENDS", "GPU_MODE_BACKEND", "LAUNCH_LOG", "Plan", "make_plan", "record_launch", "visible_gpus"]
 
@@ -28,6 +28,12 @@ class Plan:
     timeout: float
     note: str = ""
     gpus: int = 0  # GPUs visible to the launch (the lease pool's when leasing); 0 when backend="gloo" asked
+
+    @property
+    def tolerance(self) -> dict:
+        """``assert_close``'s keyword arguments for this launch's results against one CPU process
+        (``runtime.TOLERANCE``: the defaults on CPU ranks, a measured bound on GPU ranks)."""
+        return tolerance(self.device_type)
 
     def describe(self) -> str:
         where = "CPU" if self.device_type == "cpu" else f"{self.world_size} GPU{'s' * (self.world_size > 1)}"

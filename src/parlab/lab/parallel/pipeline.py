@@ -70,7 +70,7 @@ class Pipeline:
         if split:
             raise ValueError(f"schedule {schedule.name!r} has {', '.join(split)} operations: this executor runs F and "
                              f"B; schedules that split the backward run with torch.distributed.pipelining "
-                             f"(chapter 06, section 7)")
+                             f"(chapter 06, under the hood D)")
         check_p2p(schedule)  # refuse an order that could deadlock before any rank starts
         self.schedule = schedule
         self.plan = p2p_plan(schedule)[self.rank]  # plan[i]: messages to exchange before operation i

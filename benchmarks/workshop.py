@@ -22,7 +22,6 @@ import contextlib
 import json
 import multiprocessing
 import os
-import statistics
 import sys
 import tempfile
 import time

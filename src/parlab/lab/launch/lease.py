@@ -162,9 +162,13 @@ def acquire(world_size: int, *, env=None, device_count=None, wait: float | None 
     finally:
         ticket.leave()  # served, timed out or interrupted: out of the queue
     holder.update(since=time.time(), gpus=got)
-    for fd in fds:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
+    try:
+        for fd in fds:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+    except BaseException:  # an interrupt right now must not leave the GPUs locked by a kernel that lives on
+        Lease(_fds=fds).release()
+        raise
     # CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi and the lock files go by PCI bus.
     lease_env = {"CUDA_VISIBLE_DEVICES": ",".join(got),
                  "CUDA_DEVICE_ORDER": env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")}
@@ -186,8 +190,8 @@ def _wait_turn(ticket, gpus: list[str], world_size: int, wait: float, echo, aske
             holders = {g: h for g, h in holders_of(gpus, ticket.folder).items() if h is not None}
             raise LaunchError(f"{world_size} free GPU(s) needed from PARLAB_GPUS={asked_for!r} "
                               f"({', '.join(gpus)}), but for {wait:g} s only {len(gpus) - len(holders)} were "
-                              f"free. {_describe_holders(holders)} This launch was {_place(place)}. Wait for them, or ask "
-                              f"for fewer ranks; PARLAB_GPU_WAIT sets how long to wait.")
+                              f"free. {_describe_holders(holders)} This launch was {_place(place)}. Wait for them, "
+                              f"or ask for fewer ranks; PARLAB_GPU_WAIT sets how long to wait.")
         if told is None:
             holders = {g: h for g, h in holders_of(gpus, ticket.folder).items() if h is not None}
             echo(f"parlab: waiting for {world_size} free GPU(s) of {', '.join(gpus)} (up to {wait:g} s), "

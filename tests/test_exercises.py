@@ -813,6 +813,71 @@ def test_group_ranks_check_both_ways():
     assert Topology(pp=2, dp=2, tp=2).group_ranks("dp", 1) == [1, 3]  # and the package's answer is back
 
 
+
+@pytest.mark.parametrize("mistake, hint", [
+    ("blocks", "blocks of consecutive ranks: only tp, the innermost axis, is contiguous"),
+    ("reversed", "The axes in reverse order: pp is the outermost axis"),
+    ("coordinates", "the coordinates along the axis"),
+    ("without_self", "The group includes the rank itself"),
+    ("wrong_stride", "an axis's stride is the product of the sizes of the axes inside it"),
+])
+def test_group_ranks_check_names_the_mistake(mistake, hint):
+    """Exercise 07.1's planted mistakes, each failing with a hint that names it (issue 45)."""
+    from parlab.course.exercises import check_group_ranks
+
+    def planted(rank, axis, sizes):
+        n = sizes[axis]
+        if mistake == "blocks":  # every axis taken as contiguous blocks of ranks, like tp
+            return list(range(rank // n * n, rank // n * n + n))
+        order = ("tp", "dp", "pp") if mistake == "reversed" else ("pp", "dp", "tp")
+        stride = 1
+        for a in order[order.index(axis) + 1:]:
+            stride *= sizes[a]
+        if mistake == "wrong_stride" and axis == "pp":
+            stride = sizes["dp"]  # the size of the next axis, not the product of those inside
+        coord = rank // stride % n
+        group = [rank + (i - coord) * stride for i in range(n)]
+        if mistake == "coordinates":
+            return list(range(n))
+        if mistake == "without_self":
+            return [r for r in group if r != rank]
+        return group
+
+    with pytest.raises(ExerciseFailed, match=re.escape(hint)):
+        check_group_ranks(planted)
+
+
+@pytest.mark.parametrize("change, hint", [
+    (dict(split=1), "the whole model on every rank"),
+    (dict(adam=8), "Adam as 8 bytes"),
+    (dict(grads=4), "gradients as fp32"),
+    (dict(stages=(9, 9, 9)), "ignores zero_stage"),
+    (dict(stages=(0, 1, 2)), "one stage too early"),
+    (dict(stages=(1, 1, 1)), "everything from ZeRO-1 on"),
+])
+def test_model_states_check_names_the_mistake(change, hint):
+    """Exercise 07.2's planted mistakes, each failing with a hint that names it (issue 45)."""
+    from parlab.course.exercises import check_model_states
+    from parlab.course.exercises.ch07 import _counted
+
+    with pytest.raises(ExerciseFailed, match=re.escape(hint)):
+        check_model_states(lambda num_params, dp, tp, pp, zero_stage:
+                           _counted(num_params, dp, tp, pp, zero_stage, **change))
+
+
+def test_layout_choice_rejects_a_constant_answer_on_every_seed():
+    """Exercise 07.3: "always ZeRO-3, pure data parallelism" passed about one draw in ten (issue 45); every
+    draw now holds a scenario that rejects it, and one that rejects ZeRO-1 over every GPU."""
+    from parlab.decide import planner
+    from parlab.course.exercises import check_layout_choice
+    from parlab.course.exercises.ch07 import CONSTANT_ANSWERS
+
+    for label, answer in CONSTANT_ANSWERS.items():
+        for seed in range(6):
+            with pytest.raises(ExerciseFailed):
+                check_layout_choice(lambda workload, cluster, price: planner.Layout(**answer(cluster)), seed=seed)
+
+
 def _states(num_params, dp, tp, pp, zero_stage, over=None):
     psi = num_params / (tp * pp)
     n = over or dp

@@ -22,7 +22,7 @@ def check_group_ranks(fn) -> Passed:
     Checked for every rank and axis of six meshes, uneven ones included."""
     from parlab.lab.parallel import Topology
 
-    count = 0
+    answers = []  # ((rank, axis, sizes), expected, got) for every case: a mistake is named from all of them
     for sizes in MESHES:
         topo = Topology(**sizes)
         for rank in range(topo.world_size):
@@ -31,11 +31,57 @@ def check_group_ranks(fn) -> Passed:
                 with refusing("ch07.1", "the exercise asks for the groups worked out from the axis order, "
                               "without parlab.lab.parallel.Topology: what is the stride of each axis?"):
                     got = _call(fn, rank=rank, axis=axis, sizes=dict(sizes))
-                count += 1
-                if not isinstance(got, (list, tuple)) or sorted(got) != expected:
-                    raise ExerciseFailed(f"{_name(fn)}({_args(dict(rank=rank, axis=axis, sizes=sizes))}): expected "
-                                         f"{expected}, got {got!r:.80}")
+                answers.append(((rank, axis, sizes), expected, got))
+    count = len(answers)
+    for (rank, axis, sizes), expected, got in answers:
+        if _sorted(got) != expected:
+            raise ExerciseFailed(f"{_name(fn)}({_args(dict(rank=rank, axis=axis, sizes=sizes))}): expected "
+                                 f"{expected}, got {got!r:.80}. {_group_hint(answers)}")
     return Passed(f"{_name(fn)} finds all {count} groups of {len(MESHES)} meshes")
+
+
+def _strided(rank: int, axis: str, sizes: dict, order=("pp", "dp", "tp")) -> list[int]:
+    """The group of ``rank`` along ``axis`` when the axes are laid out in ``order``, outermost first."""
+    inner = order[order.index(axis) + 1:]
+    stride = 1
+    for a in inner:
+        stride *= sizes[a]
+    coord = rank // stride % sizes[axis]
+    return [rank + (i - coord) * stride for i in range(sizes[axis])]
+
+
+def _sorted(got):
+    try:
+        return sorted(int(r) for r in got)
+    except (TypeError, ValueError):
+        return None
+
+
+#: Exercise 07.1's known mistakes: (the groups it gives, what to say).
+GROUP_MISTAKES = (
+    (lambda rank, axis, sizes: [rank // sizes[axis] * sizes[axis] + i for i in range(sizes[axis])],
+     "Every axis taken as blocks of consecutive ranks: only tp, the innermost axis, is contiguous. Ranks one "
+     "step apart on an axis are its stride apart: dp's stride is the tp size, pp's tp × dp."),
+    (lambda rank, axis, sizes: _strided(rank, axis, sizes, order=("tp", "dp", "pp")),
+     "The axes in reverse order: pp is the outermost axis (largest stride), tp the innermost (stride 1)."),
+    (lambda rank, axis, sizes: list(range(sizes[axis])),
+     "Those are the coordinates along the axis (0 to size − 1), not the ranks that hold them."),
+    (lambda rank, axis, sizes: [r for r in _strided(rank, axis, sizes) if r != rank],
+     "The group includes the rank itself."),
+)
+
+
+def _group_hint(answers) -> str:
+    """Name the mistake the learner's answers make on every case, where it is a known one; else say how a
+    group is found."""
+    got = [_sorted(g) for _, _, g in answers]
+    if any(g is None for g in got):
+        return "Return a list of ranks (ints)."
+    for mistake, hint in GROUP_MISTAKES:
+        if all(g == sorted(mistake(*case)) for g, (case, _, _) in zip(got, answers)):
+            return hint
+    return ("A group is the ranks whose coordinates differ from rank's on this axis alone; an axis's stride is "
+            "the product of the sizes of the axes inside it (tp innermost).")
 
 
 STATE_CASES = [dict(num_params=p, dp=dp, tp=tp, pp=pp, zero_stage=z)
@@ -62,15 +108,40 @@ def check_model_states(fn) -> Passed:
                       "the planner: bytes per parameter for weights, gradients, Adam; which are divided by what?"):
             got = _call(fn, **case)
         if not isinstance(got, (int, float)) or abs(got - expected) > 0.01 * expected:
-            hint = ""
-            if isinstance(got, (int, float)) and case["zero_stage"] and case["tp"] * case["pp"] > 1:
-                split = case["tp"] * case["pp"]
-                wrong = _model_states(case["num_params"] // split, case["dp"] * split, 1, 1, case["zero_stage"])
-                if abs(got - wrong) <= 0.01 * wrong:
-                    hint = " (that is ZeRO sharding over all the ranks: it shards only over the dp axis)"
+            hint = _states_hint(got, **case) if isinstance(got, (int, float)) else ""
             raise ExerciseFailed(f"{_name(fn)}({_args(case)}): expected {expected / 1e9:.3f} GB, got "
                                  f"{got / 1e9 if isinstance(got, (int, float)) else got!r:.6} GB{hint}")
     return Passed(f"{_name(fn)} agrees with estimate_memory on all {len(STATE_CASES)} layouts")
+
+
+def _counted(num_params, dp, tp, pp, zero_stage, weights=2, grads=2, adam=12, over=None, split=None, stages=(1, 2, 3)):
+    """Bytes of model states counted one way, right (the defaults) or with one known mistake."""
+    psi = num_params / (tp * pp if split is None else split)
+    n = over or dp
+    shard = [n if zero_stage >= s else 1 for s in stages]  # optimizer state, gradients, weights
+    return adam * psi / shard[0] + grads * psi / shard[1] + weights * psi / shard[2]
+
+
+def _states_hint(got, **case) -> str:
+    """`` (what the mistake is)`` where ``got`` is a known wrong count of ``case``, else ``""``."""
+    world = case["dp"] * case["tp"] * case["pp"]
+    known = [
+        (dict(over=world), "that is ZeRO sharding over all the ranks: it shards only over the dp axis"),
+        (dict(split=1), "that is the whole model on every rank: tp × pp ranks each hold 1/(tp·pp) of it"),
+        (dict(split=world), "that divides the model by every rank: the dp ranks are replicas, only tp × pp split it"),
+        (dict(adam=8), "that counts Adam as 8 bytes: with bf16 weights it keeps an fp32 master copy too, 12 in all"),
+        (dict(grads=4), "that counts gradients as fp32: here they are bf16, 2 bytes each"),
+        (dict(stages=(9, 9, 9)), "that ignores zero_stage: ZeRO-1 shards the optimizer state, 2 the gradients, "
+         "3 the weights"),
+        (dict(stages=(0, 1, 2)), "that shards one stage too early: ZeRO-1 shards only the optimizer state, "
+         "ZeRO-2 adds the gradients, ZeRO-3 the weights"),
+        (dict(stages=(1, 1, 1)), "that shards everything from ZeRO-1 on: stage 1 shards only the optimizer state"),
+    ]
+    for change, hint in known:
+        wrong = _counted(**case, **change)
+        if abs(got - wrong) <= 0.01 * wrong and abs(wrong - _counted(**case)) > 0.01 * wrong:
+            return f" ({hint})"
+    return ""
 
 
 #: The clusters exercise 3 draws from: (kind of node, nodes, link between nodes or None for the node's own).
@@ -79,11 +150,40 @@ CLUSTERS = (("pcie", 1, None), ("nvlink", 1, None), ("nvlink", 2, None), ("nvlin
 MODELS = ("Llama 2 7B", "Llama 2 13B", "Llama 2 70B")
 
 
+#: Answers that ignore the scenario: each draw holds at least one scenario that rejects every one of them
+#: (ZeRO-3 over every GPU passed about one draw in ten before). Each maps a cluster to a Layout.
+CONSTANT_ANSWERS = {"ZeRO-3, pure data parallelism": lambda cluster: dict(dp=cluster.world_size, zero_stage=3),
+                    "ZeRO-1, pure data parallelism": lambda cluster: dict(dp=cluster.world_size, zero_stage=1)}
+TOLERANCE = 0.1
+
+
+def _loses(layout, workload, cluster, tolerance: float = TOLERANCE) -> bool:
+    """Whether ``layout`` fails :func:`check_layout_choice` on this scenario: it does not fit, or is predicted
+    slower than (1 + tolerance) × the fastest layout that fits with TP inside a node."""
+    from parlab.decide import planner
+    mine = planner.predict(workload, layout, cluster)
+    best = next(p for p in planner.candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
+    return not mine.fits or mine.step_s > (1 + tolerance) * best.step_s
+
+
 def scenarios(count: int = 4, seed: int | None = None) -> list:
     """``count`` (description, Workload, Cluster) drawn at random (``seed``: None draws afresh) from
     :data:`MODELS` × :data:`CLUSTERS` × sequences of 1024 or 4096 tokens × 1 or 2 sequences per GPU, with
     activation checkpointing: one node over PCIe and NVLink, two and four nodes over InfiniBand (A100s, HDR)
-    and H100s (NDR), four nodes over Ethernet. Only scenarios where some layout fits with 5 % to spare are drawn."""
+    and H100s (NDR), four nodes over Ethernet. Only scenarios where some layout fits with 5 % to spare are drawn.
+    The last is drawn again until every answer of :data:`CONSTANT_ANSWERS` is rejected by some scenario."""
+    from parlab.decide import planner
+    out = _draw(count, seed)
+    extra = 0
+    while count and not all(any(_loses(planner.Layout(**answer(c)), w, c) for _, w, c in out)
+                            for answer in CONSTANT_ANSWERS.values()):
+        extra += 1  # the same seed redraws the same way
+        kept = [d for d, _, _ in out[:-1]]
+        out = out[:-1] + [s for s in _draw(count + extra, seed)[count - 1:] if s[0] not in kept][-1:]
+    return out
+
+
+def _draw(count: int, seed: int | None) -> list:
     import random
 
     from parlab.decide import planner

@@ -284,3 +284,60 @@ def test_nccl_transports_reads_the_channels_of_an_nccl_log():
            "node1:7:7 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 1\n")
     assert nccl_transports(log) == {"P2P", "SHM"}
     assert nccl_transports("NCCL INFO Init COMPLETE") == set()
+
+
+class _FakeGpuTiming:
+    """Stands in for CUDA events on CPU ranks: says when it was asked to record, and gives a known duration."""
+
+    def __init__(self, device, host_start):
+        self.host_start, self.waitable, self.read = host_start, "not yet", False
+
+    def end_after(self, waitable=None):
+        self.waitable = waitable  # a GPU would make a side stream wait on it; the host does not wait
+
+    def seconds(self):
+        self.read = True
+        return 0.25
+
+
+def _gpu_recorded_async_all_reduce():
+    from parlab.lab.measure.comm import CommLog
+    from parlab.lab.parallel import comm as door
+
+    door._on_cuda = lambda tensor: True  # this rank's tensors are "on a GPU"
+    door.GpuTiming = _FakeGpuTiming
+    torch.cuda.synchronize = lambda *a: (_ for _ in ()).throw(AssertionError("the host synchronised the GPU"))
+    t = torch.ones(4)
+    with CommLog() as log:
+        work = door.communicate("all_reduce", t, async_op=True, label="bucket 0")
+        pending = list(log._pending)  # handed over at once, not timed yet
+        work.wait()
+    timing = pending[0].timing
+    read_before = timing.read
+    records = log.records
+    return {"pending": len(pending), "waited_on_side": timing.waitable is work, "read_before": read_before,
+            "records": records, "value": t.tolist()}
+
+
+def test_a_gpu_op_is_timed_by_events_when_the_log_is_read():
+    """On GPUs NCCL only queues a collective: its record carries CUDA events and is timed when the log is read,
+    so recording never blocks the host (which would hide the overlap being measured). Simulated on CPU."""
+    for got in parlab.launch(_gpu_recorded_async_all_reduce, world_size=2, timeout=20, output="none", announce=False):
+        assert got["value"] == [2.0] * 4
+        assert got["pending"] == 1 and got["waited_on_side"] and not got["read_before"]
+        (record,) = got["records"]
+        assert (record.op, record.bytes, record.label) == ("all_reduce", 16, "bucket 0")
+        assert record.seconds == pytest.approx(0.25)  # the events' time, not the host's
+
+
+def test_a_timeline_read_first_still_gets_the_gpu_ops_spans():
+    """A CommLog feeding a Timeline: reading the timeline's events times the log's pending GPU ops first."""
+    from parlab.lab.measure.comm import CommLog, CommRecord, PendingRecord
+    from parlab.lab.measure.timeline import Timeline
+
+    tl = Timeline(sync=False)
+    log = CommLog(timeline=tl)
+    timing = _FakeGpuTiming(None, tl.zero + 1.0)
+    log(PendingRecord(CommRecord("all_reduce", 16, 2, 0.0, 0.0), timing))
+    (event,) = tl.events
+    assert (event.name, event.kind, event.start, event.end) == ("all_reduce", "comm", 1.0, 1.25) and timing.read

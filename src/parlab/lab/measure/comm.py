@@ -42,6 +42,7 @@ Usage on a rank (inside ``parlab.launch``)::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -135,22 +136,84 @@ def busbw(op: str, nbytes: float, seconds: float, group_size: int) -> float:
     return algbw(nbytes, seconds) * bus_factor(op, group_size)
 
 
+class GpuTiming:
+    """When an op on CUDA tensors ran, as two CUDA events, read only when asked (:meth:`seconds`).
+
+    NCCL queues a collective and returns; its future completes at once. Timing it on the host (waiting,
+    or synchronising the device) would block the host exactly where the strategy overlaps communication
+    with compute, so the overlap would vanish while it is being recorded. Instead the start is an event on
+    the issuing stream, and the end an event recorded on a side stream made to wait for the op: neither the
+    host nor the compute stream waits."""
+
+    _side: dict = {}
+
+    def __init__(self, device, host_start: float):
+        self.device, self.host_start = device, host_start
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.start.record(torch.cuda.current_stream(device))
+
+    def end_after(self, waitable=None) -> None:
+        """Record the end once ``waitable`` (a ``Work`` or a CUDA future; None: the op was synchronous and the
+        current stream already follows it) is done."""
+        if waitable is None:
+            self.end.record(torch.cuda.current_stream(self.device))
+            return
+        side = self._side.setdefault(self.device, torch.cuda.Stream(self.device))
+        with torch.cuda.stream(side):
+            waitable.wait()  # for NCCL: the side stream waits on the op's end; the host does not
+            self.end.record(side)
+
+    def seconds(self) -> float:
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) / 1e3
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    """A :class:`CommRecord` whose end is on the GPU: :meth:`resolve` reads its events (when a log is read)."""
+
+    record: CommRecord
+    timing: GpuTiming
+
+    def resolve(self) -> CommRecord:
+        start = self.timing.host_start
+        return dataclasses.replace(self.record, start=start, end=start + self.timing.seconds())
+
+
 class CommLog(Attached):
     """The collectives one rank took part in, in order: ``records`` is a list of :class:`CommRecord`.
 
     ``with CommLog() as log:`` attaches it (``parlab.lab.measure.attach``): every op a strategy from
     ``parlab.lab.parallel`` issues inside the block is handed to it as it completes (possibly from another
     thread; ``list.append`` is atomic in CPython). It is also a plain callback, for code that records by hand.
+    An op on CUDA tensors arrives as a :class:`PendingRecord` and is timed by CUDA events when ``records``
+    is read (reading its timeline's ``events`` reads it too); read it on the rank, before returning records.
     """
 
     _attach_as = "comm"
 
     def __init__(self, timeline=None):
-        self.records: list[CommRecord] = []
+        self._records: list[CommRecord] = []
+        self._pending: list[PendingRecord] = []
         self.timeline = timeline  # optional parlab.lab.measure.timeline.Timeline: comm spans go there too
+        if timeline is not None:
+            timeline.fed_by(self)
 
-    def __call__(self, record: CommRecord) -> None:
-        self.records.append(record)
+    @property
+    def records(self) -> list[CommRecord]:
+        while self._pending:
+            self._add(self._pending.pop(0).resolve())
+        return self._records
+
+    def __call__(self, record) -> None:
+        if isinstance(record, PendingRecord):
+            self._pending.append(record)
+        else:
+            self._add(record)
+
+    def _add(self, record: CommRecord) -> None:
+        self._records.append(record)
         if self.timeline is not None:
             name = record.op if record.label is None else f"{record.op} {record.label}"
             self.timeline.add(name, "comm", record.start, record.end)
@@ -279,7 +342,15 @@ def _ddp_hook(state, bucket):
     buffer = bucket.buffer()  # the bucket's gradients, flattened: (bucket_numel,)
     start = time.perf_counter()
     buffer.div_(dist.get_world_size(group))
-    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+    timing = GpuTiming(buffer.device, start) if buffer.is_cuda else None
+    work = dist.all_reduce(buffer, group=group, async_op=True)
+    fut = work.get_future()
+    if timing is not None:  # NCCL's future completes at enqueue: the record's end comes from CUDA events
+        timing.end_after(work)
+        rank, group_rank, size = describe_group(group)
+        log(PendingRecord(CommRecord("all_reduce", buffer.numel() * buffer.element_size(), size, start, start,
+                                     rank, group_rank, bucket.index()), timing))
+        return fut.then(lambda f: f.value()[0])
 
     def done(f):
         log.add("all_reduce", buffer.numel() * buffer.element_size(), start, time.perf_counter(), group,

@@ -61,13 +61,24 @@ class Timeline(Attached):
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.device = runtime.device()
         self.sync = (sync is None or sync) and self.device.type == "cuda"
-        self.events: list[Event] = []
+        self._events: list[Event] = []
+        self._feeds: list = []  # CommLogs that add spans to this timeline: read before the events are
+
+    @property
+    def events(self) -> list[Event]:
+        for log in self._feeds:
+            log.records  # noqa: B018 - reading a log times its GPU ops, and their spans land here
+        return self._events
+
+    def fed_by(self, log) -> None:
+        """``log`` (a CommLog) adds spans here; on GPUs some only once read, so reading ``events`` reads it."""
+        self._feeds.append(log)
 
     def add(self, name: str, kind: str, start: float, end: float) -> None:
         """Add an event whose ``start`` and ``end`` are ``time.perf_counter()`` readings."""
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r} is not a timeline kind; choose one of {', '.join(KINDS)}")
-        self.events.append(Event(self.rank, name, kind, start - self.zero, end - self.zero))
+        self._events.append(Event(self.rank, name, kind, start - self.zero, end - self.zero))
 
     @contextmanager
     def span(self, name: str, kind: str = "compute"):

@@ -8,21 +8,23 @@ every :class:`~parlab.lab.measure.comm.CommLog` attached when the op was issued 
 ``parlab.lab.measure.attach``): op, bytes (nccl-tests' size), the group's size, this rank's global and
 in-group rank, start and end times, and a label (bucket, layer …). The strategies carry no instrument.
 
-For an asynchronous collective the record is made when its future completes (exact with gloo on CPU;
-with NCCL the host learns of completion only approximately, so time GPU work with CUDA events), and the
-waitable returned here completes only after the logs have it. A log may be handed a record on another
+For an asynchronous collective on CPU tensors the record is made when its future completes (exact with
+gloo), and the waitable returned here completes only after the logs have it. On CUDA tensors NCCL only
+queues the op, so its record carries CUDA events (``GpuTiming``) and is timed when the log is read: the
+host never waits for the record, and overlap survives being recorded. A log may be handed a record on another
 thread, so it should only record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import torch
 import torch.distributed as dist
 
 from parlab.lab.measure.attach import attached
-from parlab.lab.measure.comm import CommRecord, describe_group
+from parlab.lab.measure.comm import CommRecord, GpuTiming, PendingRecord, describe_group
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "scatter", "gather", "reduce",
        "all_to_all")
@@ -57,27 +59,28 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     ``reduce_op`` (all-reduce, reduce-scatter): ``dist.ReduceOp.SUM`` by default; ``AVG`` divides the sum by
     the group's size (ZeRO averages gradients so, as FSDP2 does).
 
-    Returns ``None`` when synchronous; otherwise an object whose ``wait()`` returns once the op and its
-    report are done.
+    Returns ``None`` when synchronous; otherwise something whose ``wait()`` returns once op and report are done.
     """
     group = group if group is not None else dist.group.WORLD
     start = time.perf_counter()
+    logs = attached("comm")  # fixed now: a record completing later still goes where the op was issued
+    timing = GpuTiming(tensor.device, start) if logs and _on_cuda(tensor) else None
     work = _issue(op, tensor, group, output=output, src=src, peer=peer, dst=dst, chunks=chunks, splits=splits,
                   async_op=async_op, reduce_op=reduce_op)
-    logs = attached("comm")  # fixed now: a record completing later still goes where the op was issued
     if not logs:
         return work
-    nbytes = _recorded_bytes(op, tensor, output, group)
     rank, group_rank, size = describe_group(group)
+    issued = CommRecord(op, _recorded_bytes(op, tensor, output, group), size, start, start, rank, group_rank,
+                        label, dist.get_global_rank(group, peer) if op in ("send", "recv") else None)
 
     def report(_=None):
-        if tensor.is_cuda:  # NCCL returns once the op is queued (and its future on the stream): its end is later
-            torch.cuda.synchronize(tensor.device)
-        record = CommRecord(op, nbytes, size, start, time.perf_counter(), rank, group_rank, label,
-                            dist.get_global_rank(group, peer) if op in ("send", "recv") else None)
-        for log in logs:
-            log(record)
+        for log in logs:  # the end is now, or (on a GPU) the events' when the log is read
+            log(dataclasses.replace(issued, end=time.perf_counter()) if timing is None
+                else PendingRecord(issued, timing))
 
+    if timing is not None:  # NCCL returns once the op is queued: CUDA events time it, read when a log is read
+        timing.end_after(work), report()
+        return work
     if work is None:
         report()
         return None
@@ -88,6 +91,11 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     except RuntimeError:  # gloo's reduce-scatter has none either: a thread waits, so the end time is exact
         return _ReportFromThread(work, report)
     return future.then(report)  # runs when the collective completes
+
+
+def _on_cuda(tensor) -> bool:
+    """Whether ``tensor``'s op runs on a GPU (NCCL), so that it is timed by CUDA events."""
+    return tensor.is_cuda
 
 
 def _issue(op, tensor, group, *, output, src, peer, dst, chunks, splits, async_op, reduce_op):

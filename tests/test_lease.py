@@ -263,3 +263,11 @@ def test_a_waiter_is_told_its_place_and_a_dead_waiters_ticket_is_skipped(box):
     assert "now first in the queue" in said[1]
     assert lease.waiting(box["PARLAB_GPU_LOCKS"]) == []
     assert not [n for n in os.listdir(box["PARLAB_GPU_LOCKS"]) if n.startswith("ticket-")]  # the dead one removed
+
+
+def test_a_queue_file_nobody_may_write_is_named(box, tmp_path):
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    (folder / "queue.lock").symlink_to(tmp_path / "elsewhere")  # never followed
+    with pytest.raises(LaunchError, match=r"cannot open the GPU queue's file .*queue.lock .*PARLAB_GPU_LOCKS"):
+        lease.acquire(1, env=dict(box, PARLAB_GPUS="0"), wait=0)

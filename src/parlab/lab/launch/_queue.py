@@ -20,6 +20,8 @@ import json
 import os
 import time
 
+from parlab.lab.launch.errors import LaunchError
+
 COUNTER = "queue.lock"
 WIDTH = 12  # digits of a ticket number: names sort in the order they were drawn
 
@@ -29,12 +31,20 @@ def _queue_locked(folder: str):
     """The queue's lock, held briefly for every change to the queue; yields its fd (it holds the counter)."""
     path = os.path.join(folder, COUNTER)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    except FileExistsError:  # pragma: no cover - O_CREAT without O_EXCL does not raise this
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:  # another learner's file in a sticky folder: opened as it is (O_CREAT on it may be refused)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+                with contextlib.suppress(PermissionError):
+                    os.fchmod(fd, 0o666)  # every learner draws from it, whatever the umask
+            except FileExistsError:  # created by someone else a moment ago
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise LaunchError(f"cannot open the GPU queue's file {path} ({exc.strerror}): every learner must be able "
+                          f"to write it. Its owner can `chmod 666` it, or set PARLAB_GPU_LOCKS to a folder everyone "
+                          f"can write (mode 1777).") from None
     try:
-        with contextlib.suppress(PermissionError):
-            os.fchmod(fd, 0o666)  # every learner draws from it
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
     finally:

@@ -1,4 +1,4 @@
-"""The same job through the Hugging Face Trainer and accelerate, and what they do on CPU ranks (chapter 08).
+"""The same job through the Hugging Face Trainer and accelerate, and what they do on CPU ranks (chapter 09).
 
 - :func:`trainer_job` trains :mod:`parlab.lab.job.train_fsdp`'s model and data with ``transformers.Trainer`` on
   this rank. Inside ``parlab.launch`` the process group already exists and the Trainer joins it; under

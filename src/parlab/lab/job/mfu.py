@@ -1,4 +1,4 @@
-"""How much of the machine a step used: FLOPs counted, FLOPs by formula, MFU and HFU (chapter 08).
+"""How much of the machine a step used: FLOPs counted, FLOPs by formula, MFU and HFU (chapter 09).
 
 - :func:`count_flops` runs a function under ``torch.utils.flop_counter.FlopCounterMode`` and returns the
   FLOPs of every matrix product it saw (2·m·n·k each; backward counted too). It counts only the operators

@@ -385,3 +385,12 @@ def test_one_tolerance_against_one_process_follows_the_launch(gpus, monkeypatch)
     assert runtime.TOLERANCE["cuda"]["rtol"] > 1.3e-6  # wider than float32's default, which GPUs miss
     with pytest.raises(ValueError, match="device_type must be one of 'cpu', 'cuda'; got 'mps'"):
         runtime.tolerance("mps")
+
+
+def test_the_launchers_hang_report_comes_before_nccls_watchdog():
+    """A hang under NCCL: the launcher asks the ranks where they are at the launch's timeout; NCCL's watchdog
+    aborts them at the group's. GPU mode's group waits longer, so the report finds them alive; gloo's
+    waiting rank raises at the launch's timeout, which the report reads."""
+    gpu = {"timeout": 5.0, "device_type": "cuda"}
+    assert _worker.group_timeout(gpu) >= gpu["timeout"] + 30
+    assert _worker.group_timeout({"timeout": 5.0, "device_type": "cpu"}) == 5.0

@@ -113,8 +113,21 @@ def _format_exception(exc: BaseException) -> str:
     return "".join(te.format())
 
 
+# GPU mode: how much longer than the launch's timeout the group's is. At the launch's timeout the launcher
+# asks each live rank where it is (the hang report); NCCL's watchdog, at the group's timeout, aborts the
+# rank. Equal timeouts raced: the report often found ranks already dead. With gloo the waiting rank raises
+# at the group's timeout, which the report reads, so there the two stay equal.
+NCCL_WATCHDOG_MARGIN = 60.0
+
+
+def group_timeout(spec: dict) -> float:
+    """The process group's timeout in seconds for a rank of ``spec``: the launch's, plus
+    ``NCCL_WATCHDOG_MARGIN`` in GPU mode so that the launcher's hang report comes before NCCL's abort."""
+    return spec["timeout"] + (NCCL_WATCHDOG_MARGIN if spec["device_type"] == "cuda" else 0.0)
+
+
 def _init_process_group(spec: dict) -> None:
-    timeout = datetime.timedelta(seconds=spec["timeout"])
+    timeout = datetime.timedelta(seconds=group_timeout(spec))
     store = dist.FileStore(spec["store_path"], spec["world_size"])
     store.set_timeout(timeout)
     if spec["device_type"] == "cuda":

@@ -399,13 +399,37 @@ def test_node_limited_routing_bounds_the_fan_out():
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_balancing_loss_is_hugging_face_mixtrals_divided_by_k(top_k):
-    # HF's f_e counts assignments per token (it sums to k); ours per assignment (it sums to 1). A coefficient
-    # ported from a Mixtral config (router_aux_loss_coef) multiplies a loss k times ours.
+def test_a_coefficient_ported_from_hugging_face_mixtral_is_multiplied_by_k(top_k):
+    # HF's f_e counts assignments per token (it sums to k); ours per assignment (it sums to 1): its loss, and
+    # its gradient, are k times ours. A coefficient ported from a Mixtral config (router_aux_loss_coef) gives
+    # the router the same push here multiplied by k, not divided (chapter 10, under the hood J).
     mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
-    logits = torch.randn(TOKENS, EXPERTS, generator=torch.Generator().manual_seed(7))
+    logits = torch.randn(TOKENS, EXPERTS, generator=torch.Generator().manual_seed(7), requires_grad=True)
     ours = epx.load_balancing_loss(epx.route(logits, top_k, TOKENS))
-    assert_close(mixtral.load_balancing_loss_func((logits,), EXPERTS, top_k), top_k * ours)
+    theirs = mixtral.load_balancing_loss_func((logits,), EXPERTS, top_k)
+    assert_close(theirs, top_k * ours)
+    coef = 0.02  # Mixtral's router_aux_loss_coef
+    (g_theirs,), (g_ours,) = (torch.autograd.grad(loss, logits, retain_graph=True) for loss in (coef * theirs, coef * top_k * ours))
+    assert_close(g_theirs, g_ours)
+    if top_k > 1:
+        (g_divided,) = torch.autograd.grad(coef / top_k * ours, logits)
+        assert (g_theirs - g_divided).abs().max() > 0.5 * g_theirs.abs().max()  # dividing is k² too weak
+
+
+def test_grouped_mm_on_cpu_equals_the_loop_over_experts():
+    from parlab.lab.parallel.expert_practice import grouped_mlp
+
+    g = torch.Generator().manual_seed(8)
+    sizes = [5, 0, 7, 3]
+    rows = torch.randn(sum(sizes), HIDDEN, generator=g, requires_grad=True)
+    w_in = torch.randn(len(sizes), HIDDEN, FFN, generator=g, requires_grad=True)
+    w_out = torch.randn(len(sizes), FFN, HIDDEN, generator=g, requires_grad=True)
+    dout = torch.randn(sum(sizes), HIDDEN, generator=g)
+    outs = [grouped_mlp(rows, sizes, w_in, w_out, grouped=grouped) for grouped in (True, False)]
+    assert_close(outs[0], outs[1])
+    grads = [torch.autograd.grad(out, (rows, w_in, w_out), dout) for out in outs]
+    for a, b in zip(*grads):
+        assert_close(a, b)
 
 
 def _dropless_unequal(counts):
@@ -423,3 +447,10 @@ def test_dropless_takes_unequal_token_counts():
     with torch.no_grad():
         want = naive_moe(data(2)[0][:14], moe.router, moe.w_in, moe.w_out, 2, None, list(counts))[0]
     assert_close(got.detach(), want)
+
+
+def test_capacity_rounds_a_fraction_up():
+    # chapter 10's parameters make the share a fraction (default, CI, 12 experts): a floor would fail these
+    for tokens, experts, want in ((30, 8, 10), (14, 8, 5), (30, 12, 7)):
+        share = 1.25 * tokens * 2 / experts
+        assert share != int(share) and epx.capacity(tokens, experts, 2, 1.25) == want

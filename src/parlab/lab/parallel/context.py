@@ -172,6 +172,12 @@ def _fold(grad, kv_heads):
 
 # -- the ring ---------------------------------------------------------------------------------------------
 
+def ring_source(rank: int, step: int, cp: int) -> int:
+    """Whose K/V block ``rank`` holds at ring step ``step`` (0: its own): each step passes every block on to
+    rank + 1, so the block of rank (rank − step) mod cp has arrived. The ring and its picture both use it."""
+    return (rank - step) % cp
+
+
 class _Ring:
     """This rank's place on the cp ring: pass a tensor on to rank r + 1, receive one from rank r − 1."""
 
@@ -180,7 +186,7 @@ class _Ring:
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
 
     def source(self, step):
-        return (self.rank - step) % self.size  # whose block this rank holds at ``step``
+        return ring_source(self.rank, step, self.size)
 
     def shift(self, tensor, recv_shape, label):
         """Start sending ``tensor`` on and receiving the next; returns (buffer, wait). Read the buffer

@@ -97,7 +97,8 @@ def load_balancing_loss(routing: Routing) -> torch.Tensor:
     """Switch Transformer's auxiliary loss, E · Σ_e f_e · P_e: f_e the share of the group's assignments that
     chose expert e (not differentiable), P_e the mean router probability of e. 1.0 when both are uniform.
     Hugging Face's Mixtral (``load_balancing_loss_func``) divides the counts by tokens, not assignments:
-    its loss is k times this one (k when balanced), so a coefficient ported from it is k times too large here."""
+    its loss is k times this one (k when balanced), and so are its gradients. A coefficient ported from it
+    is therefore *multiplied* by k here, to give the router the same push (``tests/test_expert.py``)."""
     num_experts = routing.probs.shape[-1]
     f = routing.tokens_per_expert(num_experts).to(routing.probs.dtype) / routing.expert.numel()
     return num_experts * (f * routing.probs.mean(0)).sum()
@@ -257,7 +258,8 @@ def sync_gradients(layer: ExpertParallelMoE, topology, dense_group=None) -> None
     ``dp_shard_cp``: each cp rank saw other tokens of the sequence, so summing over dp alone misses them),
     the experts' summed over ``edp`` (the ranks holding the same experts); both are divided by the *same*
     count, dp × cp, not by edp: each rank's expert gradient already sums the ep ranks whose tokens it served
-    (torchtitan's ``fsdp_gradient_divide_factor``)."""
+    (torchtitan's ``fsdp_gradient_divide_factor`` until April 2026; since then it divides by the global token
+    count in its training loop, the same step when every rank holds as many tokens)."""
     ranks = topology.dp * topology.cp
     if ranks > 1:
         dense_group = dense_group if dense_group is not None else topology.group("dp_cp")

@@ -1,11 +1,14 @@
 """Mixture of experts as large runs train it today (chapter 10, under the hood): dropless expert parallelism
 with variable splits, DeepSeek-V3's auxiliary-loss-free balancing, and node-limited routing.
 
-- **Dropless** (T. Gale et al., "MegaBlocks", 2022, arXiv:2211.15841; Megatron-Core's ``alltoall`` token
-  dispatcher): no capacity, no padding, nothing dropped. Each rank sorts its assignments by expert, tells
-  every rank how many it will send to each of its experts (an all-to-all of counts), then sends exactly
-  those rows (``all_to_all_single`` with those splits). Every expert then has a variable number of rows:
-  GPUs run them as one grouped GEMM (``torch._grouped_mm``, CUDA only); here a loop over experts.
+- **Dropless** (T. Gale et al., "MegaBlocks", 2022, arXiv:2211.15841; torchtitan's and Megatron-Core's
+  ``alltoall`` token dispatchers): no capacity, no padding, nothing dropped. Each rank sorts its
+  assignments by expert, tells every rank how many it will send to each of its experts, then sends exactly
+  those rows (``all_to_all_single`` with those splits). The counts go by an all-to-all here, as in
+  MegaBlocks and torchtitan (``_token_count_exchange``); Megatron-Core's dispatcher all-gathers every
+  rank's counts over its tp × ep group instead (``MoEAlltoAllTokenDispatcher.preprocess``). Every expert
+  then has a variable number of rows: one grouped GEMM runs them all (``torch._grouped_mm``; PyTorch 2.13
+  runs it on CPU too, forward and backward, equal to a loop over experts: :func:`grouped_mlp`).
 - **Auxiliary-loss-free balancing** (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, arXiv:2412.19437,
   §2.1.2): a per-expert bias b is added to the routing scores for the *choice* of experts only (the gates
   use the scores without it); after each step b_e ← b_e + γ·sign(mean load − load_e): an overloaded
@@ -53,12 +56,26 @@ class DroplessExpertParallelMoE(ExpertParallelMoE):
         regroup = by_expert.argsort(stable=True)  # rows of expert 0 (from every rank), then expert 1, ...
         rows = arrived[regroup]
         sizes = torch.bincount(by_expert, minlength=local).tolist()
-        out = torch.cat([nn.functional.gelu(part @ self.w_in[j]) @ self.w_out[j]  # a grouped GEMM on GPUs
-                         for j, part in enumerate(rows.split(sizes))])
+        out = grouped_mlp(rows, sizes, self.w_in, self.w_out)
         back = _AllToAll.apply(out[regroup.argsort()], (recv, send), self.group, "combine")
         per_assignment = back[order.argsort()].view(t, self.top_k, h)  # each (token, choice) in place again
         y = (per_assignment * routing.weight[..., None]).sum(1)
         return y, load_balancing_loss(routing), routing
+
+
+def grouped_mlp(rows: torch.Tensor, sizes: list[int], w_in: torch.Tensor, w_out: torch.Tensor,
+                grouped: bool | None = None) -> torch.Tensor:
+    """Each expert's MLP on its own rows: ``rows`` (Σ sizes, h) sorted by expert, ``sizes[j]`` rows for
+    expert j, ``w_in`` (E, h, f), ``w_out`` (E, f, h). ``grouped``: one ``torch._grouped_mm`` per matrix
+    (default on CPU in float32, bf16 or fp16, which PyTorch 2.13 runs there; not float64; on GPUs it wants
+    bf16 and recent hardware), else a loop over experts. Both give the same rows and gradients (``tests/test_expert.py``)."""
+    if grouped is None:
+        grouped = (rows.device.type == "cpu" and hasattr(torch, "_grouped_mm")
+                   and rows.dtype in (torch.float32, torch.bfloat16, torch.float16))
+    if grouped:
+        offs = torch.tensor(sizes, device=rows.device).cumsum(0).to(torch.int32)
+        return torch._grouped_mm(nn.functional.gelu(torch._grouped_mm(rows, w_in, offs=offs)), w_out, offs=offs)
+    return torch.cat([nn.functional.gelu(part @ w_in[j]) @ w_out[j] for j, part in enumerate(rows.split(sizes))])
 
 
 def dropless_bytes(tokens: int, top_k: int, hidden: int, num_experts: int, element_size: int = 4) -> dict:

@@ -1199,11 +1199,11 @@ def _gpt_block(sizes):
 
 # ---- chapter 10 -------------------------------------------------------------------------------------
 
-def test_chapter_09_solutions_pass_and_wrong_answers_fail():
+def test_chapter_10_solutions_pass_and_wrong_answers_fail():
     from parlab.course.exercises import check_online_softmax_combine, check_received
     from parlab.lab.parallel import context, expert
 
-    shown = solutions("09", __name__="chapter_09_solutions", epx=expert)
+    shown = solutions("10", __name__="chapter_10_solutions", epx=expert)
     assert "✅" in repr(check_online_softmax_combine(shown["solution_combine"], world_size=3))
     assert "✅" in repr(check_received(shown["solution_received"], world_size=3))
 
@@ -1229,6 +1229,33 @@ def test_chapter_09_solutions_pass_and_wrong_answers_fail():
     assert "✅" in repr(check_received(capped_counts))  # the order decides which assignments drop, not how many
     with pytest.raises(ExerciseFailed, match="route is the package's answer to this exercise"):
         check_received(lambda e, n, ep, c: expert.route(torch.zeros(len(e), n), 2, c))
+
+
+def test_chapter_10_hints_name_pythons_max_and_a_capacity_per_rank():
+    """10.1 with Python's max(m1, m2) on tensors (it crashes in the learner's own code) and 10.2 with the
+    capacity applied to a rank's total instead of each expert fail with a hint that names the mistake."""
+    from parlab.course.exercises import check_online_softmax_combine, check_received
+    from parlab.lab.parallel import expert
+
+    def python_max(m1, l1, acc1, m2, l2, acc2):
+        m = max(m1, m2)  # compares whole tensors: 'Boolean value of Tensor ... is ambiguous'
+        a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+        return m, l1 * a1 + l2 * a2, acc1 * a1 + acc2 * a2
+
+    with pytest.raises(ExerciseFailed, match=r"Python's max\(m1, m2\).*torch.maximum\(m1, m2\)"):
+        check_online_softmax_combine(python_max)
+
+    def capacity_per_rank(expert_index, num_experts, ep, capacity):  # a rank's total capped, not each expert
+        counts = torch.bincount(expert_index.flatten(), minlength=num_experts)
+        return [min(int(counts[p.start:p.stop].sum()), capacity) for p in expert.placement(num_experts, ep)]
+
+    def capacity_times_experts(expert_index, num_experts, ep, capacity):  # capacity × experts per rank
+        counts = torch.bincount(expert_index.flatten(), minlength=num_experts)
+        return [min(int(counts[p.start:p.stop].sum()), capacity * len(p)) for p in expert.placement(num_experts, ep)]
+
+    for wrong in (capacity_per_rank, capacity_times_experts):
+        with pytest.raises(ExerciseFailed, match=r"expected \[.*got \[.*the capacity is per expert"):
+            check_received(wrong)
 
 
 # ---- the one refusal: every way of reaching a package answer is refused, the solutions still pass --------

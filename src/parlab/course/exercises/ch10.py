@@ -31,6 +31,11 @@ def _diagnose_two_blocks(fn) -> str | None:
         got = fn(m1, l1, a1, m2, l2, a2)
     except NotImplementedError:
         return "combine is not written yet (it raises NotImplementedError)"
+    except RuntimeError as error:
+        if "ambiguous" not in str(error):
+            raise
+        return ("your combine compared whole tensors (Python's max(m1, m2) or an if on a tensor: 'Boolean value "
+                "of Tensor ... is ambiguous'); take the larger maximum row by row with torch.maximum(m1, m2)")
     if not (isinstance(got, tuple) and len(got) == 3):
         return f"combine returned {type(got).__name__}; return the tuple (m, l, acc)"
     m, l, acc = got
@@ -116,7 +121,13 @@ def _counts_on_rank(fn):
         return {"problem": None}
     before = torch.bincount(routing.expert.flatten(), minlength=EXPERTS)
     ignored = [int(before[p.start:p.stop].sum()) for p in epx.placement(EXPERTS, n)]
-    hint = " (that counts dropped tokens too: an expert keeps at most capacity of them)" if got == ignored else ""
+    per_rank = [[min(c, CAPACITY), min(c, CAPACITY * len(p))] for c, p in zip(ignored, epx.placement(EXPERTS, n))]
+    hint = ""
+    if got == ignored:
+        hint = " (that counts dropped tokens too: an expert keeps at most capacity of them)"
+    elif got in ([a for a, _ in per_rank], [b for _, b in per_rank]):
+        hint = (" (that caps each rank's total: the capacity is per expert; cap each expert's count at "
+                "capacity, then add up the experts a rank holds)")
     return {"problem": f"expected {want} slots per rank, got {got}{hint}"}
 
 

@@ -1,8 +1,8 @@
 """Chapter 08's job: the Trainer under parlab.launch as under torchrun and as one process, the accelerate loop
 as one process, the silent DDP fallback of FSDP on CPU, the resharded resume from a sharded checkpoint, and
 the exercise's check in both directions (a loop without fully_shard, one that does not resume from its
-checkpoint); the chapter's own train.py, assembled from its cells, against one process with planted bugs (a
-mean per micro-batch, a resume without the generator); a group timeout and py-spy on a hung rank."""
+checkpoint, one that shards only the root); the chapter's own train.py is tests/test_own_job.py's; a group
+timeout and py-spy on a hung rank."""
 
 from __future__ import annotations
 
@@ -102,13 +102,21 @@ def test_resharded_resume_continues_the_uninterrupted_run(tmp_path, saved_at, re
 
 # -- the exercise ----------------------------------------------------------------------------------------
 
-def _solution():
+def _solution(replace: dict | None = None):
+    """The chapter's solution, with the names the chapter imported before it; ``replace``: planted bugs."""
+    from torch.distributed.fsdp import fully_shard
+
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     cells = [c for c in notebook.cells if "solution" in c.metadata.get("tags", [])]
-    assert len(cells) == 2 and all(c.metadata.get("jupyter", {}).get("source_hidden") is True for c in cells)
-    namespace = {"torch": torch, "dist": dist}  # what the chapter imported
-    for cell in cells:  # in order, as the learner opens them: the checkpoint, then the loop
-        exec(compile(cell.source, "<solution>", "exec"), namespace)
+    assert len(cells) == 1 and cells[0].metadata.get("jupyter", {}).get("source_hidden") is True
+    check = next(c.source for c in notebook.cells if "check_sharded_training(" in c.source)
+    namespace = {"torch": torch, "dist": dist, "fully_shard": fully_shard}
+    exec(compile(check.split("\nshow_source(")[0], "<imports>", "exec"), namespace)  # the exercise cell's imports
+    source = cells[0].source
+    for line, new in (replace or {}).items():
+        assert line in source, f"the plant's line is not in the solution: {line}"
+        source = source.replace(line, new)
+    exec(compile(source, "<solution>", "exec"), namespace)
     return namespace["solution_sharded_loop"]
 
 
@@ -120,15 +128,9 @@ def test_exercise_solution_passes_and_the_check_reads_no_solution():
 
 
 def test_exercise_fails_a_checkpoint_without_the_optimizer():
-    solution = _solution()
-
-    def model_only(first_step, steps, save_to=None, load_from=None):
-        import torch.distributed.checkpoint.state_dict as sd
-
-        real = sd.get_state_dict
-        sd.get_state_dict = lambda model, opt: (real(model, opt)[0], {})  # the optimizer's state is left out
-        return solution(first_step, steps, save_to, load_from)
-
+    # the planted bug: the optimizer's state is left out of what is saved (and loaded)
+    model_only = _solution({'dict(zip(("model", "optim"), get_state_dict(model, opt)))':
+                            '{"model": get_state_dict(model, opt)[0]}'})
     with pytest.raises(ExerciseFailed, match="no optimizer state") as failed:
         check_sharded_training(model_only, world_size=2, resume_world_size=3)
     print(failed.value)
@@ -185,6 +187,17 @@ def test_exercise_fails_a_loop_that_never_calls_fully_shard():
     print(failed.value)
 
 
+EACH_BLOCK = "for unit in [*model.model.layers, model]:  # each block, then the root"
+
+
+def test_exercise_fails_a_loop_that_shards_only_the_root():
+    # the planted bug: fully_shard on the model's root only; the losses are the same, the units are not
+    root_only = _solution({EACH_BLOCK: "for unit in [model]:  # the root only"})
+    with pytest.raises(ExerciseFailed, match="fully_shard was called on the model's root only") as failed:
+        check_sharded_training(root_only, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
 def test_exercise_fails_a_loop_that_does_not_resume_from_its_checkpoint():
     solution = _solution()
 
@@ -232,111 +245,7 @@ def test_memory_snapshot_of_a_predicted_out_of_memory(tmp_path):
     assert oom["out_of_memory"] and (tmp_path / "oom.pickle").stat().st_size > 0
 
 
-# -- the learner's train.py, as the chapter writes it -----------------------------------------------------
-
-BACKWARD = "(summed * world / tokens).backward()"
-RESTORE_RNG = 'self.sampler.set_state(state["rng"])'
-
-
-def _train_py(folder: Path, replace: dict | None = None) -> dict:
-    """The chapter's ``train.py`` (its ``%%writefile`` parts, in order) in ``folder``, beside ``train_fsdp.py``,
-    with a pretrained model and tokenized rows; ``replace``: planted bugs, ``{line: new line}``. Returns the
-    job's settings (without ``out``)."""
-    import shutil
-
-    from parlab.lab.job import data
-
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    parts = [c.source.split("\n", 1)[1] for c in notebook.cells
-             if c.source.startswith("%%writefile") and "train.py" in c.source.splitlines()[0]]
-    script = "\n".join(parts)
-    for line, new in (replace or {}).items():
-        assert line in script, f"the plant's line is not in train.py: {line}"
-        script = script.replace(line, new)
-    (folder / "train.py").write_text(script)
-    shutil.copy(train_fsdp.__file__, folder / "train_fsdp.py")
-    paragraphs = data.course_paragraphs()
-    tokenizer = data.train_tokenizer(paragraphs, vocab_size=320)
-    torch.save(data.token_rows(tokenizer, paragraphs, rows=96, seq_len=32), folder / "rows.pt")
-    cfg = dict(train_fsdp.CONFIG, vocab_size=tokenizer.get_vocab_size())
-    train_fsdp.build_model(cfg).save_pretrained(folder / "pretrained")
-    return dict(pretrained=str(folder / "pretrained"), data=str(folder / "rows.pt"), steps=4,
-                checkpoint=str(folder / "ckpt"), save_at=2, resume=None, bf16=False, seed=0, timeout=60,
-                global_batch=12, accumulation=2, lr=0.3, momentum=0.9, warmup=2, max_grad_norm=0.5)
-
-
-def _run_train_py(folder: Path, ranks: int, job: dict, name: str):
-    import json
-
-    from transformers import AutoModelForCausalLM
-
-    settings = dict(job, out=str(folder / name))
-    (folder / f"{name}.json").write_text(json.dumps(settings))
-    torchrun(str(folder / "train.py"), ranks, str(folder / f"{name}.json"))
-    losses = json.loads((folder / name / "losses.json").read_text())
-    return losses, dict(AutoModelForCausalLM.from_pretrained(folder / name).named_parameters())
-
-
-def test_train_py_divides_by_the_global_token_count_and_a_mean_over_micro_batches_is_caught(tmp_path):
-    from parlab.lab.job.reference import script_job
-
-    (tmp_path / "right").mkdir()
-    job = _train_py(tmp_path / "right")
-    expected = script_job(job)
-    rows = torch.load(job["data"])
-    assert (rows["labels"] != -100).sum(1).unique().numel() > 1  # rows hold unequal numbers of labelled tokens
-    losses, params = _run_train_py(tmp_path / "right", 2, job, "out")
-    assert_close(torch.tensor(losses), torch.tensor(expected["losses"]))
-    for name, p in params.items():
-        assert_close(p, expected["params"][name], msg=name)
-    # the planted bug: each micro-batch's mean loss / accumulation, as before num_items_in_batch
-    (tmp_path / "mean").mkdir()
-    mean = "(summed / (y[:, 1:] != -100).sum() / len(mine)).backward()"
-    planted = _train_py(tmp_path / "mean", {BACKWARD: mean})
-    wrong, wrong_params = _run_train_py(tmp_path / "mean", 2, planted, "out")
-    assert_close(wrong[0], expected["losses"][0])  # the same first forward: only the gradients are wrong
-    with pytest.raises(AssertionError):
-        assert_close(torch.tensor(wrong), torch.tensor(expected["losses"]))
-    gap = max((wrong_params[n] - p).abs().max().item() for n, p in expected["params"].items())
-    print(f"a mean per micro-batch: losses {wrong} against {expected['losses']}; weights off by up to {gap:.1e}")
-    assert gap > 1e-4
-
-
-def test_train_py_resumes_at_another_world_size_and_needs_its_generator(tmp_path):
-    job = _train_py(tmp_path)
-    losses, params = _run_train_py(tmp_path, 3, job, "whole")  # saves at step 2
-    resumed, final = _run_train_py(tmp_path, 2, dict(job, resume=job["checkpoint"], save_at=None), "resumed")
-    assert_close(torch.tensor(resumed), torch.tensor(losses[2:]))
-    for name, p in final.items():
-        assert_close(p, params[name], msg=name)
-    # the planted bug: the generator is not restored, so the resumed run draws other rows
-    script = tmp_path / "train.py"
-    assert RESTORE_RNG in script.read_text(), "the script no longer restores its generator this way: plant anew"
-    script.write_text(script.read_text().replace(RESTORE_RNG, "pass"))
-    wrong, _ = _run_train_py(tmp_path, 2, dict(job, resume=job["checkpoint"], save_at=None), "no-rng")
-    with pytest.raises(AssertionError):
-        assert_close(torch.tensor(wrong), torch.tensor(losses[2:]))
-
-
-def test_train_py_checkpoints_activations_before_sharding_and_transformers_recomputes():
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    script = "\n".join(c.source for c in notebook.cells if c.source.startswith("%%writefile") and "train.py" in c.source)
-    assert 0 < script.index("model.activation_checkpointing_enable()") < script.index("fully_shard(block")
-    # what that call does in this transformers: each block's attention runs again in backward
-    from transformers import AutoModelForCausalLM
-
-    runs = {}
-    for checkpointing in (False, True):
-        model = AutoModelForCausalLM.from_config(train_fsdp.build_model(train_fsdp.CONFIG).config)
-        model.config.use_cache = False
-        if checkpointing:
-            model.activation_checkpointing_enable()
-        calls = []
-        model.transformer.h[0].attn.register_forward_pre_hook(lambda *_: calls.append(1))
-        x = train_fsdp.dataset(train_fsdp.CONFIG)[:2]
-        model(input_ids=x).logits.sum().backward()
-        runs[checkpointing] = len(calls)
-    assert runs == {False: 1, True: 2}, runs
+# -- the learner's train.py, as the chapter writes it: tests/test_own_job.py -----------------------------
 
 
 def test_the_tokenizer_and_rows_refuse_what_they_cannot_make():

@@ -43,6 +43,9 @@ def _loop(steps, alter_at=None):
     return losses
 
 
+#: The block classes of the exercise's model (its ``_no_split_modules``): each must be an FSDP unit of its own.
+BLOCKS = frozenset(tiny_llama(heads=4, kv_heads=4, seed=0)._no_split_modules)
+
 #: The check resumes from the learner's checkpoint with every weight scaled by WEIGHTS and every momentum
 #: buffer by MOMENTUM: a loop that does not load it (replaying the first steps instead) is caught.
 WEIGHTS, MOMENTUM = 0.98, 0.5
@@ -74,8 +77,15 @@ def _on_rank(fn, first_step, steps, save_to, load_from):
     why = ("this exercise asks you to write the FSDP2 and checkpoint code yourself; parlab.lab.job.train_fsdp's "
            "functions are refused while your function runs")
     sharded = []  # did any forward run on a module fully_shard made (however the learner imported it)?
-    hook = torch.nn.modules.module.register_module_forward_pre_hook(
-        lambda module, args: sharded.append(True) if not sharded and isinstance(module, FSDPModule) else None)
+    blocks = {}  # each block class's instances seen in a forward: id -> was it an FSDP unit of its own?
+
+    def seen(module, args):
+        if not sharded and isinstance(module, FSDPModule):
+            sharded.append(True)
+        if type(module).__name__.removeprefix("FSDP") in BLOCKS:
+            blocks[id(module)] = isinstance(module, FSDPModule)
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(seen)
     try:
         with without(train_fsdp, ["shard", "save", "load", "train"], why):
             losses = fn(first_step=first_step, steps=steps, save_to=save_to, load_from=load_from)
@@ -83,12 +93,14 @@ def _on_rank(fn, first_step, steps, save_to, load_from):
         raise ExerciseFailed("sharded_loop is not written yet (it raises NotImplementedError)") from None
     finally:
         hook.remove()
-    return [float(v) for v in losses] if isinstance(losses, (list, tuple)) else losses, bool(sharded)
+    units = sum(blocks.values())  # blocks that were FSDP units of their own
+    return [float(v) for v in losses] if isinstance(losses, (list, tuple)) else losses, bool(sharded), (units, len(blocks))
 
 
 def _run(fn, world_size, *args):
     try:
-        losses, sharded = parlab.launch(_on_rank, world_size, args=(fn, *args), timeout=60, announce=False)[0]
+        losses, sharded, (units, blocks) = parlab.launch(_on_rank, world_size, args=(fn, *args), timeout=60,
+                                                         announce=False)[0]
     except parlab.RankError as err:
         if isinstance(err.exception, ExerciseFailed):
             raise err.exception from None
@@ -98,6 +110,12 @@ def _run(fn, world_size, *args):
         raise ExerciseFailed(f"on {world_size} ranks, no forward ran through a module fully_shard had made: the "
                              f"model is replicated, not sharded (call fully_shard on each of model.model.layers, "
                              f"then on the model, before training)")
+    if units < blocks:
+        raise ExerciseFailed(f"on {world_size} ranks, {blocks - units} of the model's {blocks} decoder layers ran "
+                             f"without being FSDP units of their own: fully_shard was called on the model's root "
+                             f"only (or on some layers), so each forward gathers the whole model at once and "
+                             f"sharding saves no peak memory (chapter 04). Call fully_shard on each of "
+                             f"model.model.layers first, then on the model")
     return losses
 
 

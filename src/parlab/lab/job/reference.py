@@ -28,18 +28,21 @@ def one_process(cfg: dict | None = None, steps: int | None = None) -> dict:
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-def script_job(job: dict) -> dict:
+def script_job(job: dict, folder: str = ".") -> dict:
     """Chapter 08's ``train.py`` in one process: the model from ``job["pretrained"]``, the rows of
     ``job["data"]``, each step's global batch drawn by a generator of its own seeded ``job["seed"]`` (as every
     rank of the script draws it), the whole batch at once, its loss the mean over the tokens with a label, clipping,
-    SGD with momentum and a linear warm-up of the learning rate. Losses and final weights."""
+    SGD with momentum and a linear warm-up of the learning rate. Losses and final weights. Paths relative
+    to ``folder`` (the job file's, as the script reads them)."""
+    import os
+
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(job["pretrained"])
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(folder, job["pretrained"]))
     model.loss_type = "ForCausalLM"  # (the folder does not keep it)
     opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=job["warmup"])
-    data = torch.load(job["data"])
+    data = torch.load(os.path.join(folder, job["data"]))
     sampler = torch.Generator().manual_seed(job["seed"])  # the script's own generator for the rows
     losses = []
     for _ in range(job["steps"]):

@@ -51,7 +51,10 @@ def test_mlp_frames_send_one_all_reduce_each_way_and_sequence_frames_swap_them()
     assert frames[3].states["Z"] == [slices.WHOLE] * 2 and frames[7].states["dX"] == [slices.WHOLE] * 2
     sp = slices.sequence_frames(2, seq_len=8)
     assert sp[0].states["X"] == [slices.OWN] * 2 and sp[1].states["X"] == [slices.GATHERED] * 2
-    assert sp[-1].states["Z"] == [slices.OWN] * 2 and sp[0].slabs[0].axis == 0  # split along the tokens
+    assert sp[3].states["Z"] == [slices.OWN] * 2 and sp[0].slabs[0].axis == 0  # split along the tokens
+    # backward swaps them: dZ's chunks all-gathered, dX's partial sums reduce-scattered back to chunks
+    assert sp[5].states["dZ"] == [slices.GATHERED] * 2 and sp[7].states["dX"] == [slices.OWN] * 2
+    assert len(sp) == 8 and sp[6].states["dX"] == [slices.PARTIAL] * 2
 
 
 def test_heads_frames_replicate_kv_heads_only_when_fewer_than_ranks():

@@ -131,14 +131,20 @@ def mlp_frames(column: str, row: str, world_size: int, hidden: int, ffn: int) ->
 def sequence_frames(world_size: int, seq_len: int, ffn_units: int = 8) -> list:
     """Sequence parallelism around one column-then-row block: tokens split outside it (norms, dropout,
     residual), an all-gather in place of f, a reduce-scatter in place of g."""
-    t, tokens = world_size, contiguous(seq_len, world_size)
-    slabs = [Slab("X", tokens, 0, (0.5, 0.9), "s × h"), Slab("H", contiguous(ffn_units * t, t), 1, (1.3, 0.9), "s × 4h"),
-             Slab("Z", tokens, 0, (0.5, 0.9), "s × h")]
-    return _walk(slabs, t, [
+    t, tokens, ffn = world_size, contiguous(seq_len, world_size), contiguous(ffn_units * world_size, world_size)
+    def slabs(d=""):
+        return [Slab(f"{d}X", tokens, 0, (0.5, 0.9), "s × h"), Slab(f"{d}H", ffn, 1, (1.3, 0.9), "s × 4h"),
+                Slab(f"{d}Z", tokens, 0, (0.5, 0.9), "s × h")]
+    return _walk(slabs(), t, [
         ("norm, dropout, residual: each rank its s/t tokens", {"X": OWN}),
         ("all-gather along the sequence (f's place): X whole", {"X": GATHERED}),
         ("column, then row: a partial sum of Z for every token", {"H": OWN, "Z": PARTIAL}),
-        ("reduce-scatter along the sequence (g's place): each rank the sum of its s/t tokens", {"Z": OWN})])
+        ("reduce-scatter along the sequence (g's place): each rank the sum of its s/t tokens", {"Z": OWN})]) + \
+        _walk(slabs("d"), t, [
+            ("backward: dZ for each rank's s/t tokens", {"dZ": OWN}),
+            ("all-gather (the reduce-scatter's backward): dZ whole; then row, then column", {"dZ": GATHERED, "dH": OWN}),
+            ("column's backward: a partial sum of dX for every token", {"dX": PARTIAL}),
+            ("reduce-scatter (the all-gather's backward): each rank dX of its s/t tokens", {"dX": OWN})])
 
 
 def vocab_frames(world_size: int, vocab: int, tokens: int = 6) -> list:

@@ -181,3 +181,28 @@ def test_the_script_checkpoints_activations_before_sharding_and_transformers_rec
         model.transformer.h[0].attn.register_forward_pre_hook(lambda *_, c=calls[checkpointing]: c.append(1))
         model(input_ids=torch.arange(2 * SEQ).reshape(2, SEQ) % VOCAB).logits.sum().backward()
     assert {k: len(v) for k, v in calls.items()} == {False: 1, True: 2}, calls
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 4, 8])
+def test_the_script_writes_the_course_device_rule_out(gpus, monkeypatch):
+    """train.py imports nothing of the course: its inline device rule must still be ``runtime.choose``'s, and in
+    CPU mode the rank must see no GPU afterwards."""
+    import os
+
+    from parlab.lab import runtime
+
+    script = chapter_files()["train.py"]
+    rule = script[script.index("local_rank, local_world ="):script.index("timeout = datetime")]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    for world in (1, 2, 3, 4, 8):
+        for local_rank in (0, world - 1):
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+            monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", str(world))
+            namespace = {"os": os, "torch": torch}
+            exec(compile(rule, "<train.py's device rule>", "exec"), namespace)
+            mode = runtime.choose(world, local_rank, gpus)
+            assert (namespace["device"], namespace["backend"]) == (mode.device, mode.backend if mode.gpu else "gloo")
+            if not mode.gpu:
+                assert os.environ["CUDA_VISIBLE_DEVICES"] == ""

@@ -92,7 +92,7 @@ def test_resharded_resume_continues_the_uninterrupted_run(tmp_path, saved_at, re
     rest = parlab.launch(_resume, resumed_at, args=(cfg, path, False), announce=False)[0]
     assert_close(torch.tensor(first["losses"] + rest["losses"]), torch.tensor(reference["losses"]))
     for name, p in reference["params"].items():
-        assert_close(rest["params"][name], p, msg=name)
+        assert_close(rest["params"][name], p, msg=lambda m, name=name: f"{name}: {m}")
     # the same resume without the momentum is caught, by a wide margin
     wrong = parlab.launch(_resume, resumed_at, args=(cfg, path, True), announce=False)[0]
     gap = max((wrong["params"][n] - p).abs().max().item() for n, p in reference["params"].items())

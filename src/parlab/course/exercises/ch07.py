@@ -157,12 +157,17 @@ CONSTANT_ANSWERS = {"ZeRO-3, pure data parallelism": lambda cluster: dict(dp=clu
 TOLERANCE = 0.1
 
 
-def _loses(layout, workload, cluster, tolerance: float = TOLERANCE) -> bool:
-    """Whether ``layout`` fails :func:`check_layout_choice` on this scenario: it does not fit, or is predicted
-    slower than (1 + tolerance) × the fastest layout that fits with TP inside a node."""
+def _fastest(workload, cluster):
+    """The fastest layout that fits with TP inside a node: what :func:`check_layout_choice` compares with."""
+    from parlab.decide import planner
+    return next(p for p in planner.candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
+
+
+def _loses(layout, workload, cluster, best, tolerance: float = TOLERANCE) -> bool:
+    """Whether ``layout`` fails :func:`check_layout_choice` on this scenario, whose fastest is ``best``: it
+    does not fit, or is predicted slower than (1 + tolerance) × ``best``."""
     from parlab.decide import planner
     mine = planner.predict(workload, layout, cluster)
-    best = next(p for p in planner.candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
     return not mine.fits or mine.step_s > (1 + tolerance) * best.step_s
 
 
@@ -174,12 +179,15 @@ def scenarios(count: int = 4, seed: int | None = None) -> list:
     The last is drawn again until every answer of :data:`CONSTANT_ANSWERS` is rejected by some scenario."""
     from parlab.decide import planner
     out = _draw(count, seed)
-    extra = 0
-    while count and not all(any(_loses(planner.Layout(**answer(c)), w, c) for _, w, c in out)
+    extra, fastest = 0, {}
+    for d, w, c in out:
+        fastest[d] = _fastest(w, c)  # by description: one scenario, one search
+    while count and not all(any(_loses(planner.Layout(**answer(c)), w, c, fastest[d]) for d, w, c in out)
                             for answer in CONSTANT_ANSWERS.values()):
         extra += 1  # the same seed redraws the same way
         kept = [d for d, _, _ in out[:-1]]
         out = out[:-1] + [s for s in _draw(count + extra, seed)[count - 1:] if s[0] not in kept][-1:]
+        fastest[out[-1][0]] = _fastest(out[-1][1], out[-1][2])
     return out
 
 

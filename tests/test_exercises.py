@@ -1499,3 +1499,51 @@ def test_every_wrong_choice_hears_why():
                 assert value[1] and str(err.value).endswith(value[1]), f"{name}[{letter!r}] has no feedback"
     with pytest.raises(ValueError, match=r"wrong choices \['b'\] need \(text, feedback\)"):
         check_choice("q", "a", {"a": "right", "b": "wrong, and silent"}, "a")
+
+
+# ---- chapter 09 (trainer and debugging) ---------------------------------------------------------------
+
+def test_chapter_09_solution_passes_and_each_usual_mistake_hears_its_name():
+    """09: the collapsed solution names where the records diverge and who took another path; the rank whose
+    record stops earliest, the op compared without its size, and the last difference each fail, named."""
+    import collections
+
+    from parlab.course.exercises.ch09 import check_culprit
+
+    shown = solutions("09", count=1, __name__="chapter_09_solutions")
+    for seed in (None, 0, 1, 2):
+        assert "✅" in repr(check_culprit(shown["solution_culprit"], seed=seed))
+
+    def stops_earliest(records):
+        return min(len(r) for r in records) - 1, min(range(len(records)), key=lambda r: len(records[r]))
+
+    def by_op(records, size=False, last=False):
+        found = None
+        for seq in range(max(len(r) for r in records)):
+            keys = [None if seq >= len(r) else (r[seq]["op"], r[seq]["what"]) + ((r[seq]["numel"],) if size else ())
+                    for r in records]
+            if len(set(keys)) > 1:
+                common = collections.Counter(keys).most_common(1)[0][0]
+                found = seq, next(rank for rank, k in enumerate(keys) if k != common)
+                if not last:
+                    return found
+        return found
+
+    with pytest.raises(ExerciseFailed, match="stops earliest.*stuck, not wrong"):
+        check_culprit(stops_earliest, seed=0)
+    with pytest.raises(ExerciseFailed, match="compare the size too"):
+        check_culprit(by_op)
+    with pytest.raises(ExerciseFailed, match="the first difference is the evidence"):
+        check_culprit(lambda records: by_op(records, size=True, last=True))
+    assert "✅" in repr(check_culprit(lambda records: by_op(records, size=True)))
+
+    from parlab.course.exercises import ch09
+    from parlab.lab.job import debug
+
+    def borrowed(records):
+        seq = debug.divergence(records)
+        return seq, 0
+
+    for copy in (borrowed, lambda records: ch09.reference_culprit(records)):
+        with pytest.raises(ExerciseFailed, match="refused"):
+            check_culprit(copy)

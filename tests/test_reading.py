@@ -100,7 +100,7 @@ def test_sentence_statistics_refuse_a_missing_notebook(tmp_path):
 
 # Chapters held to the learner's pattern of issue #42 (sentences at speed, every section opening with a
 # picture of its mechanism). The rest join as they are rewritten (course 2 of 2).
-PATTERN = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_ddp", "04_zero", "05_tensor_parallel", "06_pipeline_parallel", "08_your_own_job", "10_context_and_expert_parallelism", "09_trainer_and_debugging"}
+PATTERN = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_ddp", "04_zero", "05_tensor_parallel", "06_pipeline_parallel", "08_your_own_job", "10_context_and_expert_parallelism", "07_putting_it_together", "09_trainer_and_debugging"}
 
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem in PATTERN], ids=lambda p: p.stem)

@@ -35,3 +35,13 @@ def test_expert_groups_draws_the_topologys_groups():
     assert any("[0,2,4,6] [8,10,12,14]" in t for t in texts)
     assert any("[0,8] [2,10] [4,12] [6,14]" in t for t in texts)
     assert sum(t == "e2–3" for t in texts) == 3 * 2  # ranks 2 and 10 hold experts 2-3, in each of 3 panels
+
+
+def test_kept_per_expert_colours_each_expert_by_its_rank():
+    from parlab.lab.plots.colors import rank_color
+    from parlab.lab.plots.experts import kept_per_expert
+
+    place = epx.placement(6, 3)
+    fig = kept_per_expert([5, 6, 7, 8, 9, 10], [5, 5, 5, 5, 5, 5], place, 5, 1)
+    bars = fig.axes[0].patches[6:]  # the kept bars, after the sent ones
+    assert [tuple(b.get_facecolor()[:3]) for b in bars] == [tuple(rank_color(e // 2)) for e in range(6)]

@@ -36,3 +36,16 @@ def test_frame_colours_this_steps_pairs_with_the_querys_rank():
     with pytest.raises(ValueError, match="outside the ring's steps"):
         ring_attention_frame(layout, 2)
     assert spans([0, 1, 2, 7, 8, 10]) == "0–2, 7–8, 10"
+
+
+def test_pairs_per_step_and_ring_step_times_draw_what_they_are_given():
+    from parlab.lab.plots.ring_attention import pairs_per_step, ring_step_times
+
+    counted = {"contiguous": cpx.Layout(16, 2, False).score_pairs(), "head and tail": cpx.Layout(16, 2).score_pairs()}
+    fig = pairs_per_step(counted)
+    assert [ax.get_title() for ax in fig.axes] == ["contiguous: busiest / mean = 1.47", "head and tail: busiest / mean = 1.00"]
+    assert fig.axes[0].images[0].get_array().tolist() == counted["contiguous"]
+    steps = [cpx.cp_step(n * 4, 4, heads=4, kv_heads=1, head_dim=64, flops=1e12, alpha=1e-6, bandwidth=1e9)
+             for n in (64, 128, 256)]
+    fig = ring_step_times([64, 128, 256], steps, 100.0, {"mark": 200})
+    assert [line.get_label() for line in fig.axes[0].lines][-2:] == ["n* = 100", "mark"]

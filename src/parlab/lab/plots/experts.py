@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import numpy as np
+import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -90,7 +91,7 @@ def expert_groups(topology, num_experts: int, axes=("cp", "ep", "edp")) -> Figur
     ranks = [topology.rank_at(dp=d, cp=c) for d in range(dp) for c in range(cp)]
     place = placement(num_experts, ep)
     where = {r: (c, -d) for r, (d, c) in zip(ranks, ((d, c) for d in range(dp) for c in range(cp)))}
-    fig = Figure(figsize=(2.3 * len(axes) * max(1, cp / 2) + 0.4, 0.75 * dp + 1.5))
+    fig = plt.figure(figsize=(2.3 * len(axes) * max(1, cp / 2) + 0.4, 0.75 * dp + 1.5))
     for ax, axis in zip(fig.subplots(1, len(axes), squeeze=False)[0], axes):
         groups = [g for g in topology.groups(axis) if g[0] in where]
         color = {r: rank_color(i) for i, g in enumerate(groups) for r in g}
@@ -109,5 +110,21 @@ def expert_groups(topology, num_experts: int, axes=("cp", "ep", "edp")) -> Figur
         ax.set_aspect("equal")
         ax.axis("off")
     fig.suptitle(f"dp {dp} × cp {cp} ranks (tp coordinate 0), ep {ep}: colour = group", fontsize=9.5)
+    fig.tight_layout()
+    return fig
+
+
+def kept_per_expert(sent, kept, place, capacity: int, groups: int, title: str = "") -> Figure:
+    """Assignments each expert was sent (dark grey where dropped) and kept (in the colour of the rank holding it),
+    beside the most it can keep: capacity × groups."""
+    fig = plt.figure(figsize=(10, 3.2))
+    ax = fig.subplots()
+    experts = range(len(sent))
+    ax.bar(experts, sent, color="#555555", label="sent (dark: dropped above capacity)")
+    owner = [next(r for r, p in enumerate(place) if e in p) for e in experts]
+    ax.bar(experts, kept, color=[rank_color(r) for r in owner], label="kept (colour: the rank holding the expert)")
+    ax.axhline(groups * capacity, color="k", ls=":", label=f"capacity × groups = {groups} × {capacity}")
+    ax.set(xlabel="expert", ylabel="token assignments", title=title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig

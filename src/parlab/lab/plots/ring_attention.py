@@ -13,6 +13,7 @@ rank colour (this step dark, earlier steps light). :func:`ring_attention_steps` 
 from __future__ import annotations
 
 import numpy as np
+import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -112,3 +113,39 @@ def ring_attention_steps(layout: Layout, causal: bool = True, start: int = 0) ->
     """Every step of ring attention over ``layout``, one frame each, with a slider (chapter 10)."""
     step_through(lambda i: ring_attention_frame(layout, i, causal), [f"step {i}" for i in range(layout.cp)],
                  "ring step", start)
+
+
+def pairs_per_step(counted: dict) -> Figure:
+    """One heat map per layout (``counted``: its name → [rank][step], the pairs each rank scored at each
+    ring step, as the ranks counted them): rows ranks, columns steps; the title gives busiest / mean."""
+    from parlab.lab.parallel.context import imbalance
+
+    top = max(max(map(max, c)) for c in counted.values())
+    fig = plt.figure(figsize=(5.5 * len(counted), 3.2))
+    for ax, (name, c) in zip(fig.subplots(1, len(counted), squeeze=False)[0], counted.items()):
+        a = np.array(c)
+        ax.imshow(a, cmap="viridis", vmin=0, vmax=top)
+        ax.set(title=f"{name}: busiest / mean = {imbalance(c):.2f}", xlabel="ring step", ylabel="rank",
+               xticks=range(a.shape[1]), yticks=range(a.shape[0]))
+        for (r, i), n in np.ndenumerate(a):
+            ax.text(i, r, str(n), ha="center", va="center", color="w")
+    fig.tight_layout()
+    return fig
+
+
+def ring_step_times(chunks, steps, n_star: float, marks: dict | None = None, title: str = "") -> Figure:
+    """The α-β model of one ring step against tokens per rank: compute (∝ n²), the K/V transfer (∝ n) and
+    what is exposed, from ``steps`` (``context.cp_step`` at each of ``chunks``); n* and ``marks`` (label →
+    tokens per rank) as vertical lines."""
+    fig = plt.figure(figsize=(7, 3.6))
+    ax = fig.subplots()
+    ax.loglog(chunks, [s.compute_s * 1e6 for s in steps], label="compute of one block (∝ n²)")
+    ax.loglog(chunks, [s.comm_s * 1e6 for s in steps], label="K/V transfer (α + bytes/B, ∝ n)")
+    ax.loglog(chunks, [max(s.exposed_s, 1e-12) * 1e6 for s in steps], "k:", label="exposed: transfer − compute")
+    ax.axvline(n_star, color="grey", lw=0.8, label=f"n* = {n_star:,.0f}")
+    for label, n in (marks or {}).items():
+        ax.axvline(n, color="C3", lw=0.8, label=label)
+    ax.set(xlabel="tokens per rank n = s / cp", ylabel="µs per ring step", ylim=(1e-1, 1e5), title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

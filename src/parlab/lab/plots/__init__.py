@@ -24,6 +24,16 @@ docs/course_design.md):
 - ``dataflow``      :func:`ddp_step`, :func:`dp_vs_ddp`: one step's data flow (03)
 - ``buckets``       :func:`bucket_list`, :func:`layer_steps`: DDP's buckets, and their firing during backward (03)
 - ``shards``        :func:`zero_steps`, :func:`draw_kept`: who holds which shard when, ZeRO stages 1–3 (04)
+- ``slices``        :func:`linear_frames`, :func:`mlp_frames`, :func:`heads_frames`, :func:`vocab_frames`,
+                    :func:`sequence_frames`: which rank holds which slice before and after each collective (05)
+- ``pipeline_messages`` :func:`messages_at`, :func:`stage_boundaries`: what travels between stages, when (06)
+- ``model_split``   :func:`model_on_mesh`; ``step_parts``: :func:`step_parts`; ``layout_choice``: :func:`decision`
+                    (what each rank holds on a mesh; a step priced by part; every layout priced) (07)
+- ``rank_holdings`` :func:`held_shards`, :func:`checkpoint_pieces`: each rank's shards, and its checkpoint's (08)
+- ``launch_tree``   :func:`launch_trees`; ``collective_records``: :func:`records` (where ranks' records diverge);
+                    ``step_memory``: :func:`over_a_step` (09)
+- ``ring_attention`` :func:`ring_attention_steps`, :func:`ring_step_times`; ``experts``: :func:`dispatch_steps`,
+                    :func:`expert_groups`, :func:`kept_per_expert` (10)
 
 One module per kind of picture: ``tensors`` (rank_tensors, matmul_split), ``memory`` (memory_bars),
 ``timeline`` (gantt), ``pipeline``, ``comm`` (bandwidth, comm_bytes), ``mesh``, and ``colors`` (the palette
@@ -49,12 +59,26 @@ from parlab.lab.plots.pipeline import pipeline
 from parlab.lab.plots.ranks import hang, world
 from parlab.lab.plots.ring import ring_steps
 from parlab.lab.plots.shards import draw_kept, zero_steps
+from parlab.lab.plots.collective_records import records
+from parlab.lab.plots.experts import dispatch_steps, expert_groups, kept_per_expert
+from parlab.lab.plots.launch_tree import launch_trees
+from parlab.lab.plots.layout_choice import decision
+from parlab.lab.plots.model_split import model_on_mesh
+from parlab.lab.plots.pipeline_messages import messages_at, stage_boundaries
+from parlab.lab.plots.rank_holdings import checkpoint_pieces, held_shards
+from parlab.lab.plots.ring_attention import ring_attention_steps, ring_step_times
+from parlab.lab.plots.slices import heads_frames, linear_frames, mlp_frames, sequence_frames, vocab_frames
+from parlab.lab.plots.step_memory import over_a_step
+from parlab.lab.plots.step_parts import step_parts
 from parlab.lab.plots.steps import step_through
 from parlab.lab.plots.tensors import matmul_split, rank_tensors
 from parlab.lab.plots.timeline import LANES, gantt
 
 __all__ = ["AXIS_TALK", "KIND_COLORS", "LANES", "MEMORY_COLORS", "PIPELINE_COLORS", "advice_tree", "alpha_beta",
-           "bandwidth", "bucket_list", "bytes_per_parameter", "checkpointing_steps", "comm_bytes", "ddp_step",
-           "dp_vs_ddp", "draw_kept", "gantt", "gpu_links", "hang", "layer_saves", "layer_steps", "matmul_split",
-           "memory_bars", "mesh", "pipeline", "rank_tensors", "ring_steps", "step_through", "world", "zero_stages",
-           "zero_steps"]
+           "bandwidth", "bucket_list", "bytes_per_parameter", "checkpoint_pieces", "checkpointing_steps",
+           "comm_bytes", "ddp_step", "decision", "dispatch_steps", "dp_vs_ddp", "draw_kept", "expert_groups",
+           "gantt", "gpu_links", "hang", "heads_frames", "held_shards", "kept_per_expert", "launch_trees",
+           "layer_saves", "layer_steps", "linear_frames", "matmul_split", "memory_bars", "mesh", "messages_at",
+           "mlp_frames", "model_on_mesh", "over_a_step", "pipeline", "rank_tensors", "records",
+           "ring_attention_steps", "ring_step_times", "ring_steps", "sequence_frames", "stage_boundaries",
+           "step_parts", "step_through", "vocab_frames", "world", "zero_stages", "zero_steps"]

@@ -256,7 +256,7 @@ def test_runs_with_default_parameters(path, tmp_path_factory):
 
 # Chapters on the learner's pattern: each numbered section opens with a picture of its mechanism (issue #42;
 # tests/test_reading.py holds the same chapters to sentences read at speed).
-PICTURED = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_ddp", "04_zero", "05_tensor_parallel", "06_pipeline_parallel", "08_your_own_job", "10_context_and_expert_parallelism", "07_putting_it_together"}
+PICTURED = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_ddp", "04_zero", "05_tensor_parallel", "06_pipeline_parallel", "08_your_own_job", "10_context_and_expert_parallelism", "07_putting_it_together", "09_trainer_and_debugging"}
 
 
 @pytest.mark.slow

@@ -625,8 +625,8 @@ def _name_lookups(tmp_path, code: str, *args) -> list[str]:
     return [line for line in log.read_text().splitlines() if NAME_LOOKUP.search(line)]
 
 
-@both_start_methods
-def test_ranks_meet_without_looking_up_names(tmp_path, start_method):
+def test_ranks_meet_without_looking_up_names(tmp_path, start_method):  # zygote only: both start methods meet
+    # through the same FileStore (_worker._init_process_group); strace on spawn cost 20 s of suite for nothing more
     """One warm launch in ten used to stall 5 s: a TCPStore client looks up the host name of the store's
     address (getnameinfo without NI_NUMERICHOST) while connecting, and a resolver that drops the query
     costs its timeout. The launcher's ranks meet through a FileStore, so no process looks up a name."""

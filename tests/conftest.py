@@ -51,6 +51,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Every test leaves the process environment as it found it. Code that joins a job in-process
+    (``parlab.launch`` under torchrun or SLURM) sets ``LOCAL_RANK``, ``PARLAB_DEVICE`` and
+    ``CUDA_VISIBLE_DEVICES`` for the rest of its process; in a test process that leaked into every later
+    test and into the kernels they start (accelerate then took a plain process for a distributed one)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture
 def no_leftover_ranks():
     yield

@@ -146,7 +146,7 @@ def _adopt_kernel_state(spec: dict) -> None:
     os.environ.clear()
     os.environ.update(spec["env"])
     # torch.distributed reads TORCH_DISTRIBUTED_DEBUG once, when imported: in the zygote, before the kernel
-    # set it. Read it again, so that a learner who sets it in the notebook gets it on the ranks (chapter 08).
+    # set it. Read it again, so that a learner who sets it in the notebook gets it on the ranks (chapter 09).
     dist.set_debug_level_from_env()
     sys.path[:] = spec["sys_path"]
     try:

@@ -113,6 +113,7 @@ def check_cpu_mode(gpu: bool) -> str:
 def check_job(gpu: bool) -> str:
     from parlab.lab.job import reference, train_fsdp
 
+    from parlab.course.bench.zero_train import margin
     from parlab.lab.launch import make_plan
 
     cfg = dict(train_fsdp.CONFIG, steps=4, global_batch=8, accumulation=1)
@@ -120,15 +121,11 @@ def check_job(gpu: bool) -> str:
     got = parlab.launch(train_fsdp.train, ranks, args=(cfg,), timeout=120, announce=False)[0]
     want = reference.one_process(cfg)
     tol = make_plan(ranks).tolerance  # runtime.TOLERANCE: the course's one tolerance against one CPU process
-    worst = _tolerance_used(torch.tensor(got["losses"]), torch.tensor(want["losses"]), **tol)
+    worst = margin({"losses": torch.tensor(got["losses"])}, {"losses": torch.tensor(want["losses"])}, **tol)
     assert worst <= 1, f"losses {got['losses']} against one process's {want['losses']}: {worst:.2f}x the tolerance {tol}"
     return (f"FSDP2 job on {ranks} rank(s) = one process over {cfg['steps']} steps: the losses use {worst:.3f} of "
             f"the tolerance {tol or 'assert_close default'} (runtime.TOLERANCE; on a GPU this measures its bound)")
 
-
-def _tolerance_used(actual, expected, rtol=1.3e-6, atol=1e-5) -> float:
-    """How much of ``assert_close``'s tolerance the worst element uses: above 1 it fails."""
-    return float(((actual - expected).abs() / (atol + rtol * expected.abs())).max())
 
 
 def check_require_gpu(gpu: bool) -> str:

@@ -720,17 +720,20 @@ def test_smallest_micro_batches_check_both_ways():
         check_smallest_micro_batches(rounded)
 
 
+def _pipeline_peak(ops, frees=("B", "W")):
+    """A right answer to exercise 06 I: a forward holds one micro-batch; each op whose kind is in frees frees one."""
+    held = most = 0
+    for name in ops:
+        held += name[0] == "F"
+        held -= name[0] in frees
+        most = max(most, held)
+    return most
+
+
 def test_peak_activations_check_both_ways():
     from parlab.course.exercises import check_peak_activations
 
-    def peak(ops, frees=("B", "W")):
-        held = most = 0
-        for name in ops:
-            held += name[0] == "F"
-            held -= name[0] in frees
-            most = max(most, held)
-        return most
-
+    peak = _pipeline_peak
     assert "all 6" in repr(check_peak_activations(peak))
     with pytest.raises(ExerciseFailed, match=r"\(F0 I0 F1 W0 I1 F2 W1 I2 W2\): expected 2, got 1"):  # planted: I frees
         check_peak_activations(lambda ops: peak(ops, frees=("B", "I")))
@@ -770,14 +773,7 @@ def test_smallest_micro_batches_check_names_each_mistake():
 def test_peak_activations_check_names_each_mistake():
     from parlab.course.exercises import check_peak_activations
 
-    def peak(ops, frees):  # a forward holds one micro-batch; each op whose kind is in frees frees one
-        held = most = 0
-        for name in ops:
-            held += name[0] == "F"
-            held -= name[0] in frees
-            most = max(most, held)
-        return most
-
+    peak = _pipeline_peak
     planted = {
         "I frees nothing": lambda ops: peak(ops, "BI"),
         "a split backward frees too": lambda ops: peak(ops, "B"),

@@ -57,9 +57,8 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     holds this rank's own chunk too).
 
     ``reduce_op`` (all-reduce, reduce-scatter): ``dist.ReduceOp.SUM`` by default; ``AVG`` divides the sum by
-    the group's size (ZeRO averages gradients so, as FSDP2 does).
-
-    Returns ``None`` when synchronous; otherwise something whose ``wait()`` returns once op and report are done.
+    the group's size (ZeRO averages gradients so, as FSDP2 does). Returns ``None`` when synchronous;
+    otherwise something whose ``wait()`` returns once op and report are done.
     """
     group = group if group is not None else dist.group.WORLD
     start = time.perf_counter()
@@ -79,7 +78,8 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
                 else PendingRecord(issued, timing))
 
     if timing is not None:  # NCCL returns once the op is queued: CUDA events time it, read when a log is read
-        timing.end_after(work), report()
+        timing.end_after(work)
+        report()
         return work
     if work is None:
         report()

@@ -204,11 +204,10 @@ def _queue_in_order(env, count, served):
 
     threads = []
     for i in range(count):
-        threads.append(threading.Thread(target=one, args=(i,)))
+        threads.append(threading.Thread(target=one, args=(i,), daemon=True))
         threads[-1].start()
-        for _ in range(500):  # its ticket is in the queue: the next one queues behind it
-            if len(lease.waiting(env["PARLAB_GPU_LOCKS"])) == i + 1:
-                break
+        deadline = time.monotonic() + 30  # its ticket is in the queue: the next one queues behind it
+        while len(lease.waiting(env["PARLAB_GPU_LOCKS"])) < i + 1 and time.monotonic() < deadline:
             time.sleep(0.01)
     return threads
 
@@ -218,9 +217,11 @@ def test_waiters_are_served_first_come_first_served(box):
     env = dict(box, PARLAB_GPUS="0,1")
     first = lease.acquire(2, env=env, wait=0)
     served = []
-    threads = _queue_in_order(env, 3, served)
-    assert [w["pid"] for w in lease.waiting(env["PARLAB_GPU_LOCKS"])] == [os.getpid()] * 3
-    first.release()
+    try:
+        threads = _queue_in_order(env, 3, served)
+        assert [w["pid"] for w in lease.waiting(env["PARLAB_GPU_LOCKS"])] == [os.getpid()] * 3
+    finally:
+        first.release()  # a failed check never leaves the waiters to time out after the test
     with lease.acquire(2, env=env, wait=60, echo=lambda line: None) as again:  # the holder's next launch
         served.append(("again", again.ticket))
     for t in threads:
@@ -229,6 +230,37 @@ def test_waiters_are_served_first_come_first_served(box):
     tickets = [ticket for _, ticket in served]
     assert tickets == sorted(tickets) and tickets[0] > first.ticket
     assert lease.waiting(env["PARLAB_GPU_LOCKS"]) == []
+
+
+def test_a_check_never_removes_a_ticket_before_its_waiter_locks_it(box, monkeypatch):
+    """A ticket exists for a moment before its waiter's lock: a check in that moment must wait, not take it
+    for a gone waiter's ticket and remove it (the queue would then lose a live launch)."""
+    from parlab.lab.launch import _queue
+
+    folder = box["PARLAB_GPU_LOCKS"]
+    os.makedirs(folder, exist_ok=True)
+    real = _queue.fcntl
+    checks = []
+
+    class Between:  # runs a check from another thread just before the ticket's waiter takes its lock
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def flock(self, fd, op):
+            if op == real.LOCK_EX and "ticket-" in os.readlink(f"/proc/self/fd/{fd}") and not checks:
+                checks.append(threading.Thread(target=lambda: checks.append(_queue.waiting(folder))))
+                checks[0].start()
+                checks[0].join(0.5)  # time for a check that does not wait for the queue's lock to finish
+            return real.flock(fd, op)
+
+    monkeypatch.setattr(_queue, "fcntl", Between())
+    ticket = _queue.Ticket(folder, {"pid": os.getpid()})
+    try:
+        checks[0].join(30)
+        assert os.path.exists(ticket.path), "a check removed a live waiter's ticket"
+        assert [w["pid"] for w in checks[1]] == [os.getpid()]  # it waited, then saw the whole record
+    finally:
+        ticket.leave()
 
 
 def test_a_waiter_is_told_its_place_and_a_dead_waiters_ticket_is_skipped(box):

@@ -10,6 +10,10 @@ A waiter holds an exclusive ``flock`` on its own ticket for as long as it waits.
 that lock when the process ends, however it ends, so a ticket whose lock can be taken belongs to a waiter
 that is gone: it is skipped, and removed where the folder allows (another user's file in a sticky folder
 may not be removed; it is then skipped each time). A waiter that dies never blocks the queue.
+
+A ticket is created, locked and filled in while the queue's lock is held, and every liveness check holds
+that lock too: a checker never sees a ticket in the moment between its creation and its waiter's lock, which
+would look like a waiter that is gone and be removed from under a live one.
 """
 
 from __future__ import annotations
@@ -94,18 +98,20 @@ class Ticket:
             self.path = os.path.join(folder, self.name)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
             fcntl.flock(self.fd, fcntl.LOCK_EX)  # alive while this is held; taken before the queue lock drops
-        os.pwrite(self.fd, json.dumps(dict(holder, ticket=self.number, since=time.time())).encode(), 0)
+            os.pwrite(self.fd, json.dumps(dict(holder, ticket=self.number, since=time.time())).encode(), 0)
 
     def place(self) -> int:
         """How many live waiters are ahead of this one: 0 means this launch may take GPUs now."""
         with _queue_locked(self.folder):
             names = _tickets(self.folder)
-        ahead = names[:names.index(self.name)] if self.name in names else names
-        live = 0
-        for name in ahead:  # tickets of waiters that are gone are skipped (and removed where allowed)
-            if live or not _gone(self.folder, name):
-                live += 1  # past the first live one, count without checking: the number only guides a learner
-        return live
+            ahead = names[:names.index(self.name)] if self.name in names else names
+            live = 0
+            # tickets of waiters that are gone are skipped (and removed where allowed); past the first live
+            # one, count without checking: the number only guides a learner
+            for name in ahead:
+                if live or not _gone(self.folder, name):
+                    live += 1
+            return live
 
     def leave(self) -> None:
         """Out of the queue (served, timed out or interrupted); idempotent."""
@@ -120,12 +126,18 @@ class Ticket:
 
 def waiting(folder: str) -> list[dict]:
     """The live waiters in the queue, first first (``parlab check``): each ticket's recorded holder."""
-    try:
-        names = _tickets(folder)
-    except FileNotFoundError:
+    if not os.path.isdir(folder):
         return []
+    try:
+        with _queue_locked(folder):
+            return _live(folder)
+    except LaunchError:  # a folder this user may only read: then only a moment's picture
+        return _live(folder)
+
+
+def _live(folder: str) -> list[dict]:
     out = []
-    for name in names:
+    for name in _tickets(folder):
         if _gone(folder, name):
             continue
         with contextlib.suppress(OSError, ValueError):

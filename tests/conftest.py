@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import time
 
 import pytest
@@ -10,6 +11,10 @@ import torch
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # under pytest-xdist (./lab test): a chapter's tests share its runs, so one worker has them all
+        path = item.callspec.params.get("path") if hasattr(item, "callspec") else None
+        if item.nodeid.startswith("tests/test_notebooks.py") and isinstance(path, pathlib.Path):
+            item.add_marker(pytest.mark.xdist_group(path.stem))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA GPUs")

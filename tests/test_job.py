@@ -279,12 +279,15 @@ def _py_spy_cannot_attach() -> str | None:
     exe = debug.py_spy_exe()
     if exe is None:
         return "py-spy is not installed (pip install -e '.[dev]')"
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    sleeper.stdout.readline()  # Python is up: on a busy machine a dump at once found no interpreter yet
     try:
         done = subprocess.run([exe, "dump", "--pid", str(sleeper.pid)], capture_output=True, text=True, timeout=60)
     finally:
         sleeper.kill()
         sleeper.wait()
+        sleeper.stdout.close()
     return None if done.returncode == 0 else f"py-spy cannot attach here (ptrace): {done.stderr.strip()[:200]}"
 
 

@@ -25,14 +25,19 @@ def root_params(config) -> int:
     """The parameters outside a transformers model's stack of layers (its largest ``nn.ModuleList``): the
     embeddings, the final norm and an untied output layer, which ZeRO-3 gathers as one root unit (chapter 04).
     Counted on the meta device, as :func:`parlab.lab.measure.count_params` counts Ψ."""
+    return _root_params(config.to_json_string())
+
+
+@functools.lru_cache(maxsize=256)  # the planner asks again for the same config at every prediction
+def _root_params(config_json: str) -> int:
     from torch import nn
 
     from parlab.lab.measure.activations import meta_model
 
-    model = meta_model(config.to_json_string())
+    model = meta_model(config_json)
     stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     if not stacks:
-        raise ValueError(f"config of {config.model_type!r} builds a model with no list of layers")
+        raise ValueError(f"config of {model.config.model_type!r} builds a model with no list of layers")
     layers = {id(p) for p in max(stacks, key=lambda m: sum(p.numel() for p in m.parameters())).parameters()}
     return sum(p.numel() for p in model.parameters() if id(p) not in layers)
 

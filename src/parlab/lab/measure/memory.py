@@ -42,6 +42,8 @@ from here as before.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, field
 
@@ -115,9 +117,15 @@ def count_params(model) -> int:
     if isinstance(model, nn.Module):
         return sum(p.numel() for p in model.parameters())
     if hasattr(model, "to_dict") and hasattr(model, "model_type"):  # a transformers PretrainedConfig
-        return count_params(meta_model(model.to_json_string()))
+        return _count_config(model.to_json_string())
     raise TypeError(f"model={type(model).__name__} must be an nn.Module or a transformers config "
                     f"(e.g. GPT2Config(...)); for a bare count pass num_params=")
+
+
+# the planner counts the same configs again at every prediction; a count walks every module of the model
+@functools.lru_cache(maxsize=256)
+def _count_config(config_json: str) -> int:
+    return count_params(meta_model(config_json))
 
 
 def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, bytes_per_value=2, dropout=True,

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import os
-import pathlib
 import time
 
 import pytest
 import torch
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``./lab test`` (pytest-xdist, ``--dist loadgroup``): the tests of one chapter, named
+    ``tests/test_notebooks.py::…[NN_name]``, go to one worker, where they share its runs; every other test
+    goes where a worker is free. (xdist's own ``xdist_group`` marks did not group with pytest 9 here.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByChapter(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/test_notebooks.py::") and nodeid.endswith("]"):
+                return "chapter " + nodeid.rsplit("[", 1)[1][:-1]
+            return nodeid
+
+    return ByChapter(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:  # under pytest-xdist (./lab test): a chapter's tests share its runs, so one worker has them all
-        path = item.callspec.params.get("path") if hasattr(item, "callspec") else None
-        if item.nodeid.startswith("tests/test_notebooks.py") and isinstance(path, pathlib.Path):
-            item.add_marker(pytest.mark.xdist_group(path.stem))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA GPUs")
@@ -80,3 +93,4 @@ def pytest_sessionfinish(session, exitstatus):
 
     shutdown()
     os.environ.pop("PARLAB_TEST", None)
+

@@ -31,6 +31,9 @@ import pytest
 from parlab.course import chapters as course, reading
 ROOT = pathlib.Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(course.CHAPTER_GLOB))
+# The chapters as parameters of the tests that run them, named by the chapter: under pytest-xdist (./lab test)
+# a chapter's tests go to one worker, where they share its runs (_run; tests/conftest.py groups them).
+CHAPTER_RUNS = [pytest.param(p, id=p.stem) for p in NOTEBOOKS]
 SKELETON = ("Overview", "Prerequisites", "Parameters", "Exercises", "Summary", "Further reading")
 # Markdown files whose relative links must resolve too (the course map, the workshop guide).
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -263,7 +266,7 @@ def _record_run_time(chapter: str, which: str, result) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CHAPTER_RUNS)
 def test_runs_with_default_parameters(path, tmp_path_factory):
     result, _ = _run(path, False, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
@@ -275,7 +278,7 @@ PICTURED = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem in PICTURED], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in CHAPTER_RUNS if p.id in PICTURED])
 def test_every_section_opens_with_a_picture(path, tmp_path_factory):
     result, _ = _run(path, False, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error}"
@@ -284,7 +287,7 @@ def test_every_section_opens_with_a_picture(path, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CHAPTER_RUNS)
 def test_runs_with_ci_parameters(path, tmp_path_factory):
     result, _ = _run(path, True, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
@@ -302,7 +305,7 @@ def _assert_coverage(path: pathlib.Path, tmp_path_factory) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CHAPTER_RUNS)
 def test_ci_parameters_keep_every_assert_alive(path, tmp_path_factory):
     """No assert that runs with a chapter's default parameters is skipped with its CI parameters: CI
     checks what a learner's run checks (no ``if world_size >= 4:`` around an assert that CI's 2 ranks
@@ -320,7 +323,10 @@ def test_ci_parameters_keep_every_assert_alive(path, tmp_path_factory):
 @pytest.mark.slow
 def test_assert_coverage_catches_a_skipped_assert(tmp_path, tmp_path_factory):
     """The test above can fail: a chapter whose CI parameters skip one assert (in a cell, in a function
-    run on the ranks, in a function defined in a cell) is caught, and that assert, only, is named."""
+    run on the ranks, in a function defined in a cell) is caught, and that assert, only, is named. It runs
+    where the test above compares runs (PARLAB_CI_RUNS=1)."""
+    if not CI_RUNS:
+        pytest.skip(CI_RUNS_OFF)
     folder = tmp_path / "notebooks"
     folder.mkdir()
     nb = nbformat.v4.new_notebook(metadata={
@@ -409,12 +415,12 @@ def _library_warnings(nb) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_chapter_run_from_the_top_folder_leaves_nothing_behind(tmp_path_factory):
+@pytest.mark.parametrize("chapter", CHAPTER_RUNS[:1])  # named by the chapter: it shares chapter 00's run
+def test_a_chapter_run_from_the_top_folder_leaves_nothing_behind(chapter, tmp_path_factory):
     """Chapter 00, its kernel working in the repository's top folder (as papermill or nbconvert started there
     run it, not in notebooks/): it leaves no new file in the checkout (a ``%%writefile`` into the working
     folder would) and prints no library warning. It is the suite's own run of chapter 00 (``_run``: the CI
     run where CI runs are on, else the default run), not one more."""
-    chapter = NOTEBOOKS[0]
     result, _ = _run(chapter, CI_RUNS, tmp_path_factory)
     assert result.passed, f"{chapter.name} from {ROOT}: {result.error} (executed copy: {result.output})"
     left = _LEFT_BEHIND[chapter]

@@ -12,17 +12,20 @@ import torch
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under ``./lab test`` (pytest-xdist, ``--dist loadgroup``): the tests of one chapter, named
-    ``tests/test_notebooks.py::…[NN_name]``, go to one worker, where they share its runs; every other test
-    goes where a worker is free. (xdist's own ``xdist_group`` marks did not group with pytest 9 here.)"""
+    ``tests/test_notebooks.py::…[NN_name]``, go to one worker, where they share its runs; the other tests
+    go to one worker per file, where they share its module-scoped fixtures (split over two workers, the
+    own-job test trained its three architectures twice); the rest of ``test_notebooks.py`` goes where a
+    worker is free. (xdist's own ``xdist_group`` marks did not group with pytest 9 here.)"""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByChapter(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith("tests/test_notebooks.py::") and nodeid.endswith("]"):
-                return "chapter " + nodeid.rsplit("[", 1)[1][:-1]
-            return nodeid
+            file = nodeid.split("::", 1)[0]
+            if file != "tests/test_notebooks.py":
+                return file
+            return "chapter " + nodeid.rsplit("[", 1)[1][:-1] if nodeid.endswith("]") else nodeid
 
     return ByChapter(config, log)
 

@@ -96,4 +96,3 @@ def pytest_sessionfinish(session, exitstatus):
 
     shutdown()
     os.environ.pop("PARLAB_TEST", None)
-

@@ -2,7 +2,7 @@
 parameters, and (where CI runs them) with its CI parameters, which keep every check alive.
 
 ``parlab run``'s own code (:mod:`parlab.course.chapters`) runs each chapter with its default parameters, as a
-learner does. With ``PARLAB_CI_RUNS=1`` (the GPU workflow sets it, where the CI parameters are what runs)
+learner does. With ``PARLAB_CI_RUNS=1`` (GitHub's ``cpu-ci-parameters`` job sets it)
 it also runs the smaller parameters stored in its metadata (``metadata.parlab.ci_parameters``). Both runs
 record which checks (``assert`` statements, ``assert_close``-style calls) they reach, and
 ``test_ci_parameters_keep_every_assert_alive`` fails when the CI parameters skip one the defaults run
@@ -30,9 +30,6 @@ import pytest
 from parlab.course import chapters as course, reading
 ROOT = pathlib.Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob(course.CHAPTER_GLOB))
-# The chapters as parameters of the tests that run them, named by the chapter: under pytest-xdist (./lab test)
-# a chapter's tests go to one worker, where they share its runs (_run; tests/conftest.py groups them).
-CHAPTER_RUNS = [pytest.param(p, id=p.stem) for p in NOTEBOOKS]
 SKELETON = ("Overview", "Prerequisites", "Parameters", "Exercises", "Summary", "Further reading")
 # Markdown files whose relative links must resolve too (the course map, the workshop guide).
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -203,10 +200,10 @@ def test_links_checker_catches_broken_links(tmp_path):
 # says so when it does). Measured on 1 Dec 2026 with the chapters as they were: 00–06 pass, 07 does not.
 ASSERTS_NOT_YET: set[str] = set()
 
-# The CI-parameter runs: on where the CI parameters are what runs (the GPU workflow), or when asked.
+# The CI-parameter runs: on in GitHub's cpu-ci-parameters job, or when asked.
 CI_RUNS = os.environ.get("PARLAB_CI_RUNS", "") == "1"
-CI_RUNS_OFF = ("CI-parameter runs are the GPU workflow's (PARLAB_CI_RUNS=1 runs them here too); on CPU they "
-               "repeated the default run at fewer ranks (docs/ci.md)")
+CI_RUNS_OFF = ("CI-parameter runs are the cpu-ci-parameters job's (PARLAB_CI_RUNS=1 runs them here too); on CPU "
+               "they repeated the default run at fewer ranks (docs/ci.md)")
 
 _RUNS: dict[tuple[pathlib.Path, bool], tuple[course.ChapterResult, dict]] = {}
 _LEFT_BEHIND: dict[pathlib.Path, list[str]] = {}
@@ -265,7 +262,7 @@ def _record_run_time(chapter: str, which: str, result) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", CHAPTER_RUNS)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_with_default_parameters(path, tmp_path_factory):
     result, _ = _run(path, False, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
@@ -277,7 +274,7 @@ PICTURED = {"00_welcome", "01_memory_and_strategy", "02_collectives", "03_dp_vs_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [p for p in CHAPTER_RUNS if p.id in PICTURED])
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem in PICTURED], ids=lambda p: p.stem)
 def test_every_section_opens_with_a_picture(path, tmp_path_factory):
     result, _ = _run(path, False, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error}"
@@ -286,7 +283,7 @@ def test_every_section_opens_with_a_picture(path, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", CHAPTER_RUNS)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_with_ci_parameters(path, tmp_path_factory):
     result, _ = _run(path, True, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
@@ -304,7 +301,7 @@ def _assert_coverage(path: pathlib.Path, tmp_path_factory) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", CHAPTER_RUNS)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_ci_parameters_keep_every_assert_alive(path, tmp_path_factory):
     """No assert that runs with a chapter's default parameters is skipped with its CI parameters: CI
     checks what a learner's run checks (no ``if world_size >= 4:`` around an assert that CI's 2 ranks
@@ -414,7 +411,8 @@ def _library_warnings(nb) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("chapter", CHAPTER_RUNS[:1])  # named by the chapter: it shares chapter 00's run
+# named by the chapter: under ./lab test it goes to the worker that has chapter 00's run (tests/conftest.py)
+@pytest.mark.parametrize("chapter", NOTEBOOKS[:1], ids=lambda p: p.stem)
 def test_a_chapter_run_from_the_top_folder_leaves_nothing_behind(chapter, tmp_path_factory):
     """Chapter 00, its kernel working in the repository's top folder (as papermill or nbconvert started there
     run it, not in notebooks/): it leaves no new file in the checkout (a ``%%writefile`` into the working

@@ -43,7 +43,6 @@ from here as before.
 from __future__ import annotations
 
 import functools
-
 import math
 from dataclasses import dataclass, field
 

@@ -22,6 +22,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -115,10 +116,12 @@ def simulate(kernels: int, launches: int, world_size: int, gpus: int = 8, durati
                 r[key] = (r[key] - start) * scale
     tickets = [n for n in os.listdir(locks) if n.startswith("ticket-")] if os.path.isdir(locks) else []
     held = {g: h for g, h in lease.holders_of(folder=locks).items() if h is not None}
+    marks_left = os.listdir(marks)
+    shutil.rmtree(folder, ignore_errors=True)  # read above; nothing of a run stays in the temp directory
     return {"records": records, "lines": lines, "exitcodes": [p.exitcode for p in procs], "alive": left,
-            "tickets_left": tickets, "held_after": held, "marks_left": os.listdir(marks),
+            "tickets_left": tickets, "held_after": held, "marks_left": marks_left,
             "elapsed": (time.monotonic() - start) * scale, "gpus": gpus, "world_size": world_size,
-            "kernels": kernels, "launches": launches, "duration": duration, "folder": folder}
+            "kernels": kernels, "launches": launches, "duration": duration}
 
 
 def overlaps(records: list[dict]) -> list[tuple]:

@@ -135,6 +135,24 @@ def test_real_size_configs_on_meta_device():
     assert estimate_memory(llama7b).total == 16 * count_params(llama7b)
 
 
+def test_a_config_changed_after_a_count_is_counted_again():
+    """The count is cached by the config's JSON, itself made once per config: a change to the config, a nested
+    one too, must give a new JSON, not the first one's count."""
+    from parlab.lab.measure.activations import config_json
+
+    config = GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=100, n_positions=32)
+    first = count_params(config)
+    assert config_json(config) == config.to_json_string()
+    config.n_layer = 4
+    assert config_json(config) == config.to_json_string()
+    assert count_params(config) == count_params(GPT2Config(n_embd=64, n_layer=4, n_head=2, vocab_size=100,
+                                                           n_positions=32)) > first
+    config.task_specific_params = {"a": {"b": 1}}
+    config_json(config)
+    config.task_specific_params["a"]["b"] = 2  # nested, in place
+    assert config_json(config) == config.to_json_string()
+
+
 @pytest.mark.parametrize("kwargs, word", [
     (dict(num_params=10, optimizer="lamb"), "optimizer='lamb'"),
     (dict(num_params=10, zero_stage=4), "zero_stage=4"),

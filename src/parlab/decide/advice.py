@@ -172,9 +172,9 @@ def _model_shape(model, num_params, largest_layer_params) -> tuple:
         model = preset(model)
     if model is not None and not isinstance(model, nn.Module):
         # the estimator counts a config's parameters by building it; a cached meta model counts at once
-        from parlab.lab.measure.activations import meta_model
+        from parlab.lab.measure.activations import config_json, meta_model
 
-        model = meta_model(model.to_json_string())
+        model = meta_model(config_json(model))
     if model is not None:
         num_params, largest_layer_params = _shape(model)
     if num_params is None:

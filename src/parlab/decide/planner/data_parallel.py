@@ -233,7 +233,7 @@ def ddp_buckets(model, value_bytes: int = 2, bucket_bytes: int | None = None) ->
     import torch.distributed as dist
 
     from parlab.decide.advice import preset
-    from parlab.lab.measure.activations import meta_model
+    from parlab.lab.measure.activations import config_json, meta_model
 
     dtypes = {2: torch.bfloat16, 4: torch.float32}
     if value_bytes not in dtypes:
@@ -242,7 +242,7 @@ def ddp_buckets(model, value_bytes: int = 2, bucket_bytes: int | None = None) ->
         positive_int("bucket_bytes", bucket_bytes, "bytes per bucket (DDP's bucket_cap_mb × 2**20)")
     config = preset(model) if isinstance(model, str) else model
     grads = [torch.empty(p.numel(), dtype=dtypes[value_bytes], device="meta")
-             for p in reversed(list(meta_model(config.to_json_string()).parameters()))]
+             for p in reversed(list(meta_model(config_json(config)).parameters()))]
     limits = ([dist._DEFAULT_FIRST_BUCKET_BYTES, BUCKET_BYTES] if bucket_bytes is None
               else [bucket_bytes])
     buckets, _ = dist._compute_bucket_assignment_by_size(grads, limits, [False] * len(grads))

@@ -25,7 +25,9 @@ def root_params(config) -> int:
     """The parameters outside a transformers model's stack of layers (its largest ``nn.ModuleList``): the
     embeddings, the final norm and an untied output layer, which ZeRO-3 gathers as one root unit (chapter 04).
     Counted on the meta device, as :func:`parlab.lab.measure.count_params` counts Ψ."""
-    return _root_params(config.to_json_string())
+    from parlab.lab.measure.activations import config_json
+
+    return _root_params(config_json(config))
 
 
 @functools.lru_cache(maxsize=256)  # the planner asks again for the same config at every prediction
@@ -179,14 +181,18 @@ class Workload:
         than its matrix products (norms, softmax, dropout, activation function, residual adds) reads and
         writes about these bytes, and is bound by memory bandwidth, not FLOPs: :func:`predict` prices it so.
         Under ``sequence_parallel`` that work is split over the tp ranks too, as its activations are."""
-        return _layer_bytes(self.config.to_json_string(), self.kept_attention, self.seq_len, self.micro_batch,
+        from parlab.lab.measure.activations import config_json
+
+        return _layer_bytes(config_json(self.config), self.kept_attention, self.seq_len, self.micro_batch,
                             self.value_bytes, tp, self.sequence_parallel and tp > 1)
 
     @property
     def layer_tensors(self) -> tuple[int, int]:
         """(parameter tensors of one layer, the largest one's values): what a ZeRO-3 that gathers tensor by
         tensor calls per layer, and what its prefetch buffer must hold."""
-        return _layer_tensors(self.config.to_json_string())
+        from parlab.lab.measure.activations import config_json
+
+        return _layer_tensors(config_json(self.config))
 
     @property
     def kept_attention(self) -> str:

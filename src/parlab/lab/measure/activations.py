@@ -26,6 +26,8 @@ Dropout.cpp``: ``is_fused_kernel_acceptable`` is true for CUDA tensors only, els
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -149,8 +151,29 @@ class Architecture:
 def _attention_of(config) -> str:
     chosen = getattr(config, "_attn_implementation", None)
     if chosen is None:
-        chosen = _default_attention(config.to_json_string())
+        chosen = _default_attention(config_json(config))
     return "sdpa" if chosen in ("sdpa", "flash_attention_2", "flash_attention_3") else chosen
+
+
+_JSON_OF: dict[int, tuple] = {}  # id(config) -> (a weak reference to it, repr of its attributes, its JSON)
+_JSON_LOCK = threading.Lock()
+
+
+def config_json(config) -> str:
+    """``config.to_json_string()``, the key of every cache here that is keyed by a config, made once per
+    config while its attributes stay as they are. The planner asks for it thousands of times per search,
+    and transformers builds a default config to diff against at each call (0.7 ms)."""
+    state = repr(vars(config))  # a changed attribute, nested ones too, changes it: the JSON is made again
+    with _JSON_LOCK:
+        held = _JSON_OF.get(id(config))
+        if held is not None and held[0]() is config and held[1] == state:
+            return held[2]
+    text = config.to_json_string()
+    with _JSON_LOCK:
+        if len(_JSON_OF) >= 256:
+            _JSON_OF.clear()
+        _JSON_OF[id(config)] = (weakref.ref(config), state, text)
+    return text
 
 
 # building a large model on the meta device takes seconds, and the strategy tool asks again at every move;

@@ -51,7 +51,7 @@ from torch import nn
 
 from parlab.lab.measure.activation_estimate import architecture, estimate_activations
 from parlab.lab.measure.activation_tracker import ActivationTracker
-from parlab.lab.measure.activations import ATTENTIONS, DEVICES, meta_model
+from parlab.lab.measure.activations import ATTENTIONS, DEVICES, config_json, meta_model
 from parlab.lab.topology import Topology
 
 #: Bytes of optimizer state per parameter, for a optimizer kept in fp32 (the master weights are extra).
@@ -116,7 +116,7 @@ def count_params(model) -> int:
     if isinstance(model, nn.Module):
         return sum(p.numel() for p in model.parameters())
     if hasattr(model, "to_dict") and hasattr(model, "model_type"):  # a transformers PretrainedConfig
-        return _count_config(model.to_json_string())
+        return _count_config(config_json(model))
     raise TypeError(f"model={type(model).__name__} must be an nn.Module or a transformers config "
                     f"(e.g. GPT2Config(...)); for a bare count pass num_params=")
 

@@ -1,7 +1,7 @@
 """Chapter 01 in a real browser, as a learner runs it: JupyterLab on localhost with its default settings
 (widget messages over kernel subshells, so the strategy tool's callbacks run on another thread than the
-cells), Debian's Chromium driven by Playwright. Run All, then move the strategy tool's controls one after
-the other and in a burst; each move must change the recommendation and the chart, and every chart the
+cells), Debian's Chromium driven by Playwright. Run All (the main path up to the tool), then move the
+strategy tool's controls one after the other and in a burst; each move must change the recommendation and the chart, and every chart the
 kernel sends must be whole: equal, pixel for pixel, to the same chart drawn alone from the arguments
 stored in its PNG.
 
@@ -35,7 +35,7 @@ ARTIFACTS = pathlib.Path(os.environ.get("PARLAB_ARTIFACTS", ROOT / "artifacts"))
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
 PNG = b"\x89PNG\r\n\x1a\n"
-RUN_ALL_S = 300      # Run All of chapter 01 with its CI parameters, on a busy 2-core machine
+RUN_ALL_S = 300      # Run All of chapter 01 up to its tool, with its CI parameters, on a busy 2-core machine
 UPDATE_MS = 60_000   # one move of a control until its chart arrives
 
 
@@ -73,18 +73,27 @@ def browser():
         b.close()
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """JupyterLab on localhost serving a copy of chapter 01 (with its CI parameters), with default settings:
-    its settings, workspace and runtime folders are new and empty. Yields the notebook's URL."""
-    base = tmp_path_factory.mktemp("lab")
-    root = base / "notebooks"
-    root.mkdir()
+def served_chapter():
+    """Chapter 01 with its CI parameters, from its top to the cell that shows the strategy tool: the main
+    path the tool is met in. The rest (exercises, under the hood) runs in the chapter's own test
+    (test_notebooks.py); run here again it took more than half of this test."""
     nb = nbformat.read(CHAPTER, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     ci = nb.metadata["parlab"]["ci_parameters"]
     cell.source += "\n# CI parameters\n" + "\n".join(f"{k} = {v!r}" for k, v in ci.items())
-    nbformat.write(nb, root / CHAPTER.name)
+    tool = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip() == "strategy_tool()")
+    nb.cells = nb.cells[:tool + 1]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on localhost serving chapter 01 up to its strategy tool (:func:`served_chapter`), with default settings:
+    its settings, workspace and runtime folders are new and empty. Yields the notebook's URL."""
+    base = tmp_path_factory.mktemp("lab")
+    root = base / "notebooks"
+    root.mkdir()
+    nbformat.write(served_chapter(), root / CHAPTER.name)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(base / "config"), JUPYTER_RUNTIME_DIR=str(base / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(base / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"))
     token = secrets.token_hex(16)
@@ -253,7 +262,7 @@ def test_chapter_01_strategy_tool_in_chromium(browser, lab):
     page.goto(lab)
     # Run All before the notebook has its kernel does nothing: wait for the status bar's "kernel | Idle"
     # and for every cell to be loaded ("Cell 1/N")
-    chapter = nbformat.read(CHAPTER, as_version=4)
+    chapter = served_chapter()
     cells = len(chapter.cells)
     # a collapsed cell (a solution, source_hidden) shows no prompt: count the cells that show theirs
     shown = sum(1 for c in chapter.cells

@@ -15,19 +15,51 @@ def pytest_xdist_make_scheduler(config, log):
     ``tests/test_notebooks.py::…[NN_name]``, go to one worker, where they share its runs; the other tests
     go to one worker per file, where they share its module-scoped fixtures (split over two workers, the
     own-job test trained its three architectures twice); the rest of ``test_notebooks.py`` goes where a
-    worker is free. (xdist's own ``xdist_group`` marks did not group with pytest 9 here.)"""
+    worker is free. (xdist's own ``xdist_group`` marks did not group with pytest 9 here.) The longest scopes
+    are handed out first (:data:`LONG_SCOPES`), so that no long one is left for the end."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByChapter(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
             if file != "tests/test_notebooks.py":
                 return file
             return "chapter " + nodeid.rsplit("[", 1)[1][:-1] if nodeid.endswith("]") else nodeid
 
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # once, before the first unit is handed out: the longest first
+                self.ordered = True
+                for scope in sorted(self.workqueue, key=lambda s: _expected_seconds(s, len(self.workqueue[s])),
+                                    reverse=True):
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
+
     return ByChapter(config, log)
+
+
+#: Seconds beside another worker (docs/ci.md) of the scopes that are few tests but long; any other file is
+#: counted at 1.5 s a test and a chapter at its recorded run times. Only the order depends on these: xdist
+#: hands out the scopes with the most tests first, which left the longest (chapters, the own job, eight
+#: kernels at once) to the end, with one worker idle while the other finished them.
+LONG_SCOPES = {"tests/test_own_job.py": 130, "tests/test_notebooks.py::test_eight_headless_chapters_at_once": 80,
+               "tests/test_browser.py": 50, "tests/test_cluster.py": 70, "tests/test_trainer_and_debugging.py": 30,
+               "tests/test_course.py": 60, "tests/test_torchrun.py": 35, "tests/test_job.py": 50}
+
+
+def _expected_seconds(scope: str, tests: int) -> float:
+    import json
+    import pathlib
+
+    times = json.loads((pathlib.Path(__file__).parents[1] / "docs" / "run_times.json").read_text())["chapters"]
+    recorded = times.get(scope.split(" ", 1)[1]) if scope.startswith("chapter ") else None
+    if recorded:
+        runs = ("defaults", "ci") if os.environ.get("PARLAB_CI_RUNS") == "1" else ("defaults",)
+        return 2 * sum(recorded.get(run, 60.0) for run in runs)  # beside another worker: about twice
+    return LONG_SCOPES.get(scope, 1.5 * tests)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import pathlib
 import time
 
 import pytest
@@ -51,15 +54,17 @@ LONG_SCOPES = {"tests/test_own_job.py": 130, "tests/test_notebooks.py::test_eigh
 
 
 def _expected_seconds(scope: str, tests: int) -> float:
-    import json
-    import pathlib
-
-    times = json.loads((pathlib.Path(__file__).parents[1] / "docs" / "run_times.json").read_text())["chapters"]
-    recorded = times.get(scope.split(" ", 1)[1]) if scope.startswith("chapter ") else None
+    recorded = _run_times().get(scope.split(" ", 1)[1]) if scope.startswith("chapter ") else None
     if recorded:
         runs = ("defaults", "ci") if os.environ.get("PARLAB_CI_RUNS") == "1" else ("defaults",)
         return 2 * sum(recorded.get(run, 60.0) for run in runs)  # beside another worker: about twice
     return LONG_SCOPES.get(scope, 1.5 * tests)
+
+
+@functools.cache
+def _run_times() -> dict:
+    """docs/run_times.json's chapters: seconds per chapter, with its defaults and with its CI parameters."""
+    return json.loads((pathlib.Path(__file__).parents[1] / "docs" / "run_times.json").read_text())["chapters"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,9 +1,9 @@
 """Chapter 01 in a real browser, as a learner runs it: JupyterLab on localhost with its default settings
 (widget messages over kernel subshells, so the strategy tool's callbacks run on another thread than the
 cells), Debian's Chromium driven by Playwright. Run All (the main path up to the tool), then move the
-strategy tool's controls one after the other and in a burst; each move must change the recommendation and the chart, and every chart the
-kernel sends must be whole: equal, pixel for pixel, to the same chart drawn alone from the arguments
-stored in its PNG.
+strategy tool's controls one after the other and in a burst; each move must change the recommendation
+and the chart, and every chart the kernel sends must be whole: equal, pixel for pixel, to the same chart
+drawn alone from the arguments stored in its PNG.
 
 Needs ``chromium`` on the PATH (``apt-get install chromium``) and the ``playwright`` package (its own
 browser download is not used). Without them the test skips, and fails when ``CI`` is set. Screenshots go
@@ -88,8 +88,9 @@ def served_chapter():
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """JupyterLab on localhost serving chapter 01 up to its strategy tool (:func:`served_chapter`), with default settings:
-    its settings, workspace and runtime folders are new and empty. Yields the notebook's URL."""
+    """JupyterLab on localhost serving chapter 01 up to its strategy tool (:func:`served_chapter`), with
+    default settings: its settings, workspace and runtime folders are new and empty. Yields the notebook's
+    URL."""
     base = tmp_path_factory.mktemp("lab")
     root = base / "notebooks"
     root.mkdir()

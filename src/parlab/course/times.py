@@ -13,7 +13,6 @@ course map, both written by ``parlab times --write`` and checked by the tests (`
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 import re
 from dataclasses import dataclass
@@ -47,9 +46,14 @@ def duration(seconds: float) -> str:
 
 
 def exercise_minutes(path) -> int:
+    """:func:`exercise_minutes_exact` to the nearest 5 minutes: what the Overview and the README state."""
+    minutes = exercise_minutes_exact(path)
+    return max(5, 5 * round(minutes / 5)) if minutes else 0
+
+
+def exercise_minutes_exact(path) -> float:
     """The Exercises section done honestly: :data:`EXERCISE_MINUTES` per exercise (each has a collapsed
-    solution cell, whose length sets how much the learner writes), plus reading the section; rounded up to
-    5 minutes."""
+    solution cell, whose length sets how much the learner writes), plus reading the section."""
     import nbformat
 
     cells, inside = nbformat.read(path, as_version=4).cells, False
@@ -64,7 +68,25 @@ def exercise_minutes(path) -> int:
         elif "solution" in cell.metadata.get("tags", []):
             lines = sum(1 for line in cell.source.splitlines() if line.strip())
             minutes += EXERCISE_MINUTES["each"] + EXERCISE_MINUTES["per_solution_line"] * lines
-    return 5 * math.ceil(minutes / 5) if minutes else 0
+    return minutes
+
+
+#: One sitting (docs/course_design.md, 2): a chapter's main path, its exercises done honestly, and the waiting
+#: for its cells on a busy machine, at most this many minutes (``tests/test_reading.py``).
+ONE_SITTING = 75
+#: How much slower a chapter's cells run on a busy shared or Binder machine than on the course's test machine:
+#: the low end of the 4–11× measured on a busy 2-core machine (README, "Course map").
+BUSY = 4
+
+
+def sitting_minutes(path, run_times: dict | None = None) -> dict:
+    """One sitting of chapter ``path``, unrounded, in minutes: ``read`` (the main path), ``exercises``,
+    ``waiting`` (its default run at :data:`BUSY` times the measured seconds) and their ``total``."""
+    path = pathlib.Path(path)
+    runs = (run_times if run_times is not None else load_run_times()).get(path.stem, {})
+    parts = {"read": chapter_sizes(path).minutes, "exercises": exercise_minutes_exact(path),
+             "waiting": BUSY * runs.get("defaults", 0.0) / 60}
+    return {**parts, "total": sum(parts.values())}
 
 
 def chapter_times(path, run_times: dict | None = None) -> ChapterTimes:

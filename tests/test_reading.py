@@ -166,7 +166,8 @@ def test_main_path_links_under_the_hood_only_where_it_matters(path):
 def test_links_under_the_hood_are_counted(tmp_path):
     md = nbformat.v4.new_markdown_cell
     nb = nbformat.v4.new_notebook(cells=[
-        md("# Title\nSee [F](#F.-The-script's-rules) and [the hood](#Under-the-hood), once more [F](#F.-The-script's-rules)."),
+        md("# Title\nSee [F](#F.-The-script's-rules) and [the hood](#Under-the-hood), "
+           "once more [F](#F.-The-script's-rules)."),
         md("## 1. A section\nA [link to section 1](#1.-A-section), [chapter 02](02_collectives.ipynb), "
            "[under the hood, in chapter 04](04_zero.ipynb#A.-Bytes), `[F](#F.-The-script's-rules)` in code, "
            "![a picture](#F.-The-script's-rules), [a heading nowhere](#Z.-Nowhere) and [under the hood](#Under-the-hod)."),

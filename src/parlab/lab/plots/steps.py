@@ -112,7 +112,13 @@ def contact_sheet(frames: Sequence, names: Sequence[str], columns: int, mark: in
             draw.rectangle((x - 4, y - 3, x + width + 3, y + height + 3), outline=edge[0], width=edge[1])
         y += height + _GAP
     buf = io.BytesIO()
-    sheet.quantize(256, method=Image.Quantize.FASTOCTREE).save(buf, format="png")  # a third of the bytes
+    paletted = sheet.quantize(256, method=Image.Quantize.FASTOCTREE)  # a third of the bytes
+    palette = paletted.getpalette()
+    for k in range(0, len(palette), 3):  # the quantizer's near-white (253) back to the page's white
+        if min(palette[k:k + 3]) >= 248:
+            palette[k:k + 3] = [255, 255, 255]
+    paletted.putpalette(palette)
+    paletted.save(buf, format="png")
     return buf.getvalue()
 
 

@@ -203,7 +203,7 @@ def test_chapter_01_a_function_that_raises_fails_its_check_naming_the_call_and_t
     with pytest.raises(ExerciseFailed) as err:
         check_activation_scaling(halves_with_floor_division)
     message = str(err.value)
-    assert message.startswith("halves_with_floor_division(h=4096, a=32, s=4096, b=1) raised ZeroDivisionError")
+    assert message.startswith("halves_with_floor_division(4096, 32, 4096, 1) raised ZeroDivisionError")  # by position
     assert "at line " in message and "of halves_with_floor_division: return per_layer(s, b) / per_layer(s, b // 2)" \
         in message
     assert "At b=1, b // 2 is 0: a micro-batch of 1 halved is b / 2 = 0.5" in message
@@ -212,7 +212,7 @@ def test_chapter_01_a_function_that_raises_fails_its_check_naming_the_call_and_t
     def crossover_of_nothing(n, alpha, bandwidth):
         return {}[n]  # raised inside the learner's own code, through check_function
 
-    with pytest.raises(ExerciseFailed, match=r"crossover_of_nothing\(n=\d+, .*\) raised KeyError"):
+    with pytest.raises(ExerciseFailed, match=r"crossover_of_nothing\(\d+, .*\) raised KeyError"):
         check_crossover_bytes(crossover_of_nothing)
 
 
@@ -406,8 +406,55 @@ def test_crossover_check_both_ways():
         check_crossover_bytes(_crossover_bytes)
     # on 4 ranks: ring 6·(α + m/4B), doubling 2·(α + m/B): equal at m = 8αB
     assert _crossover_bytes(4, 1e-5, 1e9) == pytest.approx(8e4)
-    with pytest.raises(ExerciseFailed, match=r"crossover_forgets_the_ring_chunks\(n=4"):
+    with pytest.raises(ExerciseFailed, match=r"crossover_forgets_the_ring_chunks\(4, "):
         check_crossover_bytes(crossover_forgets_the_ring_chunks)
+
+
+def test_in_order_lays_a_case_out_by_the_reference_parameters():
+    from parlab.course.exercises.core import in_order
+
+    def reference(p, target, v=1, *, strict=False):
+        return p, target, v, strict
+
+    assert in_order(reference, {"target": 0.1, "p": 4}) == ((4, 0.1), {})
+    assert in_order(reference, {"v": 2, "target": 0.1, "p": 4, "strict": True}) == ((4, 0.1, 2), {"strict": True})
+    assert in_order(("h", "a", "s", "b"), {"s": 8, "b": 1, "a": 2, "h": 4}) == ((4, 2, 8, 1), {})
+    assert in_order(("a", "b", "c"), {"a": 1, "c": 3}) == ((1,), {"c": 3})  # after a default left out: by name
+    with pytest.raises(ValueError, match=r"names \['x'\], not parameters of \['a', 'b'\]"):
+        in_order(("a", "b"), {"x": 1})
+
+
+def test_a_learner_may_rename_parameters_the_checks_call_by_position():
+    """A learner's function is called by position, in the order of the exercise's parameters: renamed parameters
+    pass, a wrong answer under new names still fails, and the message shows the call as it was made."""
+    crossover = solutions("02")["solution_crossover_bytes"]
+
+    def ring_vs_doubling(ranks, latency_s, bytes_per_s):  # check_function's path
+        return crossover(ranks, latency_s, bytes_per_s)
+
+    def chunks_forgotten(ranks, latency_s, bytes_per_s):
+        return crossover_forgets_the_ring_chunks(ranks, latency_s, bytes_per_s)
+
+    assert "agrees" in repr(check_crossover_bytes(ring_vs_doubling))
+    with pytest.raises(ExerciseFailed, match=r"^chunks_forgotten\(4, [\d.e-]+, [\d.e+]+\): expected"):
+        check_crossover_bytes(chunks_forgotten)
+
+    max_params = solutions("01")["solution_max_params"]
+
+    def most_params(memory_gb, gpus, zero, k_bytes=12):  # a chapter's own loop over its cases
+        return max_params(memory_gb, gpus, zero, k_bytes)
+
+    def sharding_forgotten(memory_gb, gpus, zero, k_bytes=12):
+        return max_params_forgets_sharding(memory_gb, gpus, zero, k_bytes)
+
+    assert "agrees" in repr(check_max_params(most_params))
+    with pytest.raises(ExerciseFailed, match=r"^sharding_forgotten\(gpu_gb=.*expected"):
+        check_max_params(sharding_forgotten)  # (its message names the case; the call was positional)
+    scaling = solutions("01")["solution_activation_scaling"]  # the exercise's order (h, a, s, b), not s, b, h, a
+    assert "both factors" in repr(check_activation_scaling(lambda hidden, heads, seq, batch: scaling(hidden, heads, seq, batch)))
+    with pytest.raises(ExerciseFailed, match=r"<lambda>\(hidden, heads, seq\) cannot be called as "
+                                             r"<lambda>\(\d+, \d+, \d+, \d+\), as the check calls it"):
+        check_activation_scaling(lambda hidden, heads, seq: scaling(hidden, heads, seq, 1))
 
 
 # ---- chapter 03 -------------------------------------------------------------------------------------
@@ -598,10 +645,10 @@ def test_chapter_05_solutions_pass_and_copies_fail():
                                              "has two"):  # planted: only c_attn's input (or bf16's 2 bytes)
         check_sp_costs(lambda batch, seq_len, hidden, tp_size: (batch * seq_len * hidden * 4 * (tp_size - 1) // tp_size, 2),
                        "b", "a")
-    with pytest.raises(ExerciseFailed, match=r"<lambda>\(batch, seq_len, hidden, tp\) cannot be called as "
-                                             r"<lambda>\(batch=…, seq_len=…, hidden=…, tp_size=…\)"):  # a parameter renamed
-        check_sp_costs(lambda batch, seq_len, hidden, tp: sol["solution_sp_recompute"](batch, seq_len, hidden, tp),
-                       "b", "a")
+    assert "costs" in repr(check_sp_costs(lambda b, s, h, t: sol["solution_sp_recompute"](b, s, h, t), "b", "a"))  # renamed
+    with pytest.raises(ExerciseFailed, match=r"<lambda>\(batch, seq_len, hidden\) cannot be called as "
+                                             r"<lambda>\(4, 32, 64, 4\), as the check calls it"):  # a parameter forgotten
+        check_sp_costs(lambda batch, seq_len, hidden: sol["solution_sp_recompute"](batch, seq_len, hidden, 4), "b", "a")
     with pytest.raises(ExerciseFailed, match=r"\(b\) norms: 'a'"):
         check_sp_costs(sol["solution_sp_recompute"], "a", "a")
     with pytest.raises(ExerciseFailed, match=r"\(c\) literal: 'b'"):

@@ -149,3 +149,36 @@ def test_a_chapter_fits_one_sitting(path):
         f"{path.name}: {m['read']:.1f} min to read + {m['exercises']:.1f} min of exercises + {m['waiting']:.1f} min "
         f"waiting for its cells on a busy machine ({times.BUSY}x the measured run) = {m['total']:.1f} > "
         f"{times.ONE_SITTING}")
+
+
+# Issue 50: each main path linked into its Under the hood part 13–33 times; a learner follows links, so a chapter
+# keeps the few that matter. xfail while the chapters are trimmed; the lead removes the mark.
+@pytest.mark.xfail(strict=False, reason="chapters being trimmed")
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_main_path_links_under_the_hood_only_where_it_matters(path):
+    links = reading.links_under_the_hood(path)
+    assert len(links) <= reading.MAX_UNDER_THE_HOOD_LINKS, (
+        f"{path.name}: {len(links)} links from the main path into Under the hood (at most "
+        f"{reading.MAX_UNDER_THE_HOOD_LINKS}):\n  " + "\n  ".join(links))
+
+
+def test_links_under_the_hood_are_counted(tmp_path):
+    md = nbformat.v4.new_markdown_cell
+    nb = nbformat.v4.new_notebook(cells=[
+        md("# Title\nSee [F](#F.-The-script's-rules) and [the hood](#Under-the-hood), "
+           "once more [F](#F.-The-script's-rules)."),
+        md("## 1. A section\nA [link to section 1](#1.-A-section), [chapter 02](02_collectives.ipynb), "
+           "[under the hood, in chapter 04](04_zero.ipynb#A.-Bytes), `[F](#F.-The-script's-rules)` in code, "
+           "![a picture](#F.-The-script's-rules), [a heading nowhere](#Z.-Nowhere) and [under the hood](#Under-the-hod)."),
+        md("```\n[F](#F.-The-script's-rules)\n```"),
+        nbformat.v4.new_code_cell("x = 1  # [F](#F.-The-script's-rules): a comment is not a link"),
+        md("## Under the hood\nBack to [1](#1.-A-section)."),
+        md("### F. The script's rules\nText."),
+    ])
+    nbformat.write(nb, tmp_path / "99_x.ipynb")
+    assert reading.links_under_the_hood(tmp_path / "99_x.ipynb") == [
+        "[F](#F.-The-script's-rules)", "[the hood](#Under-the-hood)", "[F](#F.-The-script's-rules)",
+        "[under the hood](#Under-the-hod)"]  # its text says where it goes
+    nb.cells = nb.cells[:4]  # no Under the hood part: nothing links into it
+    nbformat.write(nb, tmp_path / "98_y.ipynb")
+    assert reading.links_under_the_hood(tmp_path / "98_y.ipynb") == []

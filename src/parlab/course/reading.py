@@ -306,7 +306,7 @@ def sentence_stats(path) -> SentenceStats:
     return SentenceStats(path.stem, sentences, asides)
 
 
-#: What counts as a picture among a cell's outputs (a stepped picture's first frame is a PNG too).
+#: What counts as a picture among a cell's outputs (a stepped picture's sheet of every step is a PNG too).
 PICTURE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
 NUMBERED_SECTION = re.compile(r"^## (\d+)\.", re.M)
 
@@ -337,3 +337,41 @@ def sections_without_a_picture(executed, first_cells: int = 2) -> list[str]:
         pictured = pictured or any(t in out.get("data", {}) for out in cell.get("outputs", []) for t in PICTURE_TYPES)
     close()
     return missing
+
+
+#: A markdown link ``[text](target)`` (an image's ``![..](..)`` too, told apart by its ``!``).
+MARKDOWN_LINK = re.compile(r"(?P<image>!?)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
+#: The most links a main path may make into its own Under the hood part (issue 50: a learner follows links,
+#: so keep the few that matter).
+MAX_UNDER_THE_HOOD_LINKS = 8
+
+
+def _slug(text: str) -> str:
+    """A heading's anchor as letters and digits only (JupyterLab and GitHub spell anchors differently)."""
+    return re.sub(r"[^0-9a-z]", "", text.lower())
+
+
+def links_under_the_hood(path) -> list[str]:
+    """The main path's links into its own Under the hood part, as written (``[F](#F.-The-script's-rules)``):
+    markdown links before the ``## Under the hood`` cell to an anchor in this notebook that is a heading from
+    that cell on, or whose text says "under the hood". Links to other chapters, images, and links in code
+    (fenced or inline) are not counted."""
+    import nbformat
+
+    nb = nbformat.read(pathlib.Path(path), as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    start = next((i for i, text in enumerate(cells) if UNDER_THE_HOOD.search(text)), len(cells))
+    if start == len(cells):
+        return []  # no Under the hood part: nothing to link into
+    hood = "\n".join(cells[start:])
+    hood = hood[UNDER_THE_HOOD.search(hood).start():]
+    anchors = {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*?)\s*$", hood, re.M)}
+    main = re.sub(r"`[^`\n]*`", "", re.sub(r"^```.*?^```", "", "\n".join(cells[:start]), flags=re.M | re.S))
+    found = []
+    for m in MARKDOWN_LINK.finditer(main):
+        local, anchor = m.group("target").startswith("#"), m.group("target").partition("#")[2]
+        if m.group("image"):
+            continue
+        if local and (_slug(anchor) in anchors or "under the hood" in m.group("text").lower()):
+            found.append(m.group(0))
+    return found

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _name, check_choice, refusing
+from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _name, call_in_order, check_choice, refusing
 
 
 def check_one_f_one_b_order(fn) -> Passed:
@@ -28,7 +28,7 @@ def check_one_f_one_b_order(fn) -> Passed:
             expected = schedule.names(stage)
             with refusing("ch06.1", "the exercise asks for 1F1B's order written out, without "
                           "parlab.lab.parallel.pipeline_schedule's schedules: count the warm-up forwards first"):
-                got = _call(fn, stage=stage, num_stages=p, num_micro_batches=m)
+                got = _call(fn, stage, p, m)  # by position: fn(stage, num_stages, num_micro_batches)
             got_list = list(got) if isinstance(got, (list, tuple)) else got
             if got_list != expected:
                 where = (f"stage {stage} of {p}, {m} micro-batch{'es' if m > 1 else ''}")
@@ -96,7 +96,7 @@ def check_smallest_micro_batches(fn) -> Passed:
         expected = _smallest_m(**case)
         with refusing("ch06.2", "the exercise asks for the bubble's inequality solved yourself, not the check's own "
                       "answer"):
-            got = _call(fn, **case)
+            got = call_in_order(fn, _smallest_m, case)
         if got != expected:
             args = ", ".join(f"{k}={v!r}" for k, v in case.items())
             p, v = case["p"], case.get("v", 1)
@@ -161,7 +161,7 @@ def check_peak_activations(fn) -> Passed:
         expected = _peak(ops)
         with refusing("ch06.3", "the exercise asks you to count the activations yourself, without "
                       "parlab.lab.parallel.pipeline_schedule's in_flight: which ops hold, which free?"):
-            got = _call(fn, ops=list(ops))
+            got = _call(fn, list(ops))
         if got != expected:
             raise ExerciseFailed(f"{_name(fn)}({' '.join(ops)}): expected {expected}, got {got!r:.40}"
                                  f"{_peak_mistake(got, ops, expected)}")

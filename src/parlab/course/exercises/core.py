@@ -92,17 +92,50 @@ def _name(fn):
     return getattr(fn, "__name__", repr(fn))
 
 
+def in_order(order, case: dict) -> tuple[tuple, dict]:
+    """``case`` (parameter name -> value) as ``(args, kwargs)`` for a positional call: its values in the order
+    of ``order``'s parameters (the reference function, or the parameter names of the exercise's signature),
+    up to the first one ``case`` leaves out (a default); what follows that, by name. A learner's function is
+    called so, not by keyword: one that renamed a parameter is checked on what it computes."""
+    if callable(order):
+        bound = inspect.signature(order).bind(**case)
+        return bound.args, bound.kwargs
+    names = list(order)
+    unknown = [k for k in case if k not in names]
+    if unknown:
+        raise ValueError(f"in_order: case {case!r} names {unknown}, not parameters of {names}")
+    args = []
+    for name in names:
+        if name not in case:
+            break
+        args.append(case[name])
+    return tuple(args), {k: v for k, v in case.items() if k not in names[:len(args)]}
+
+
+def call_in_order(fn, order, case: dict):
+    """:func:`_call` ``fn`` with ``case``'s values in ``order`` (:func:`in_order`): ``fn(80, 4, 2)`` for
+    ``case = {"gpu_gb": 80, "n_d": 4, "stage": 2}`` and a reference ``(gpu_gb, n_d, stage, k=12)``."""
+    args, kwargs = in_order(order, case)
+    return _call(fn, *args, **kwargs)
+
+
+def shown_call(fn, *args, **kwargs) -> str:
+    """``fn(*args, **kwargs)`` as text, each value's repr cut at 60 characters: the call a check made."""
+    shown = ", ".join([*(f"{a!r:.60}" for a in args), *(f"{k}={v!r:.60}" for k, v in kwargs.items())])
+    return f"{_name(fn)}({shown})"
+
+
 def _call(fn, /, *args, **kwargs):
-    """``fn(*args, **kwargs)``; a learner's function still raising ``NotImplementedError``, one whose parameters
-    are not the names the check passes, or one that raises (a ``ZeroDivisionError`` in its own arithmetic) fails
-    the check, saying so: the input it was called with, the exception, and the line that raised it."""
+    """``fn(*args, **kwargs)``; a learner's function still raising ``NotImplementedError``, one that cannot take
+    the arguments the check passes (too few or too many parameters), or one that raises (a ``ZeroDivisionError``
+    in its own arithmetic) fails the check, saying so: the call it was made with, the exception, and the line
+    that raised it. Checks pass a learner's arguments by position (:func:`call_in_order`), so names are free."""
     try:
         signature = inspect.signature(fn)
         signature.bind(*args, **kwargs)
     except TypeError:
-        shown = [*("…" for _ in args), *(f"{k}=…" for k in kwargs)]
-        raise ExerciseFailed(f"{_name(fn)}{signature} cannot be called as {_name(fn)}({', '.join(shown)}), as the "
-                             f"check calls it: keep the parameters the exercise gives") from None
+        raise ExerciseFailed(f"{_name(fn)}{signature} cannot be called as {shown_call(fn, *args, **kwargs)}, as "
+                             f"the check calls it: keep the parameters the exercise gives, in its order") from None
     except ValueError:  # no signature to read (a builtin): let the call say what is wrong
         pass
     try:
@@ -123,8 +156,7 @@ def _raised(fn, error: BaseException, *args, **kwargs) -> str:
     traceback."""
     import traceback
 
-    shown = ", ".join([*(f"{a!r:.60}" for a in args), *(f"{k}={v!r:.60}" for k, v in kwargs.items())])
-    text = f"{_name(fn)}({shown}) raised {type(error).__name__}: {error}"
+    text = f"{shown_call(fn, *args, **kwargs)} raised {type(error).__name__}: {error}"
     frames = traceback.extract_tb(error.__traceback__)
     code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
     own = [f for f in frames if code is not None and f.filename == code.co_filename and f.name == code.co_name]
@@ -380,15 +412,16 @@ def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, t
 
 
 def check_function(fn, reference, cases, rel: float = 0.01, refuse: tuple | None = None) -> Passed:
-    """Compare ``fn(**case)`` with ``reference(**case)`` (numbers) for each dict in ``cases``; ``refuse``:
-    ``(exercise, why)``, refused while ``fn`` runs (the reference runs first, outside)."""
+    """Compare ``fn`` with ``reference`` (numbers) on each dict in ``cases``, both called with the case's values
+    by position in the order of ``reference``'s parameters (:func:`in_order`: the learner's names are theirs);
+    ``refuse``: ``(exercise, why)``, refused while ``fn`` runs (the reference runs first, outside)."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
     for case in cases:
-        expected = reference(**case)
+        args, kwargs = in_order(reference, case)
+        expected = reference(*args, **kwargs)
         with _refusing_if(refuse):
-            got = _call(fn, **case)
+            got = _call(fn, *args, **kwargs)
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=rel):
-            args = ", ".join(f"{k}={v!r}" for k, v in case.items())
-            raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected:.4g}, got {got!r:.12}")
+            raise ExerciseFailed(f"{shown_call(fn, *args, **kwargs)}: expected {expected:.4g}, got {got!r:.12}")
     return Passed(f"{_name(fn)} agrees with the reference on all {len(cases)} cases")

@@ -1590,3 +1590,35 @@ def test_chapter_09_solution_passes_and_each_usual_mistake_hears_its_name():
     for copy in (borrowed, lambda records: ch09.reference_culprit(records)):
         with pytest.raises(ExerciseFailed, match="refused"):
             check_culprit(copy)
+
+
+# ---- issue 50: 01.3 sees which part a stage shards; 02.1's function is checked whatever why_copy says ------
+
+
+def max_params_shards_weights_at_stage_2(gpu_gb, n_d, stage, k=12, grad_bytes=2):
+    # planted: stage 2 divides the weights and keeps the gradients whole (the totals agree when both are 2 bytes)
+    per_param = (2 / (n_d if stage >= 2 else 1) + grad_bytes / (n_d if stage >= 3 else 1)
+                 + k / (n_d if stage >= 1 else 1))
+    return gpu_gb * 1e9 / per_param
+
+
+def test_max_params_tells_the_weights_from_the_gradients():
+    with pytest.raises(ExerciseFailed, match=r"stage=2, k=12, grad_bytes=4\): .* You sharded the weights instead of "
+                                             r"the gradients: stage 2 divides the gradients"):
+        check_max_params(max_params_shards_weights_at_stage_2)
+    with pytest.raises(ExerciseFailed, match=r"grad_bytes=4\): .* That is for 2-byte gradients"):  # planted
+        check_max_params(lambda gpu_gb, n_d, stage, k=12, grad_bytes=2: gpu_gb * 1e9 / _shards(n_d, stage, k))
+
+
+def test_recursive_doubling_stub_reaches_the_check():
+    def my_all_reduce(t):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseFailed, match=r"my_all_reduce is not written yet \(it raises NotImplementedError\)"):
+        check_recursive_doubling(my_all_reduce, world_size=2)
+
+    def halves(t):
+        raise ValueError("buffer of the wrong size")
+
+    with pytest.raises(ExerciseFailed, match=r"halves raised ValueError on rank \d of 2: buffer of the wrong size"):
+        check_recursive_doubling(halves, world_size=2)

@@ -97,3 +97,11 @@ def test_checkpointing_frame_hatches_only_the_layer_recomputed():
         assert len(hatched) == (again is not None)
         if again:
             assert hatched[0].get_x() + hatched[0].get_width() / 2 == pytest.approx(again + 0.2)
+
+
+def test_bytes_per_parameter_labels_say_bytes():  # "0.5 B" read as half a billion: the unit is spelt out
+    texts = [t.get_text() for t in bytes_per_parameter(SETUPS, pyplot=False).axes[0].texts]
+    texts += [t.get_text() for stage in range(4) for t in zero_holdings(4, stage).axes[0].texts]
+    numbers = [t for t in texts if any(ch.isdigit() for ch in t.split("\n")[-1])]
+    assert numbers and not [t for t in numbers if t.rstrip().endswith(" B")]
+    assert "weights\n0.5 bytes" in texts and "4 bytes\nper param." in texts  # ZeRO-3 over 4 ranks: 2/4, 16/4

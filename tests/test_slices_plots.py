@@ -72,3 +72,26 @@ def test_vocab_frames_end_with_the_loss_s_three_sums_whole():
     assert all(last[k] == [slices.WHOLE] * 2 for k in ("max", "Σ exp", "z_target"))
     draw, labels = slices.frames_steps(frames)
     assert len(labels) == len(frames) and isinstance(draw(0), Figure)
+
+
+def test_chapter_05_charts_draw_what_they_are_given(monkeypatch):
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from parlab.lab.plots.tensors import same_losses, tp_comm_share
+
+    shown = []
+    monkeypatch.setattr(plt, "show", lambda: shown.append(plt.gcf()))
+    ts = np.array([2, 4, 8, 16])
+    node = tp_comm_share(ts, {"NVLink x": np.array([.1, .2, .3, .4]), "IB y": np.array([.5, .6, .7, .8])},
+                         inside="NVLink x", across="IB y", node_size=8)
+    assert node.tolist() == [.1, .2, .3, .8]  # inside a node up to 8 GPUs, across nodes beyond
+    assert [line.get_label() for line in shown[-1].axes[0].lines][-1] == "8 GPUs per node: NVLink, then IB"
+    same_losses({"A": [3.0, 2.0], "B": [1.0, 0.5]}, {"A": {"w1": [3.0, 2.0], "w2": [3.0, 2.0]},
+                                                     "B": {"w1": [1.0, 0.5], "w2": [1.0, 0.5]}})
+    axes = shown[-1].axes
+    assert [ax.get_title() for ax in axes] == ["A: the same losses, every rank, every way",
+                                               "B: the same losses, every rank, every way"]
+    sizes = [line.get_markersize() for line in axes[0].lines[1:]]
+    assert len(axes[0].lines) == 3 and sizes[0] > sizes[1]  # one process, then each way, nested large to small
+    plt.close("all")

@@ -126,24 +126,29 @@ def check_activation_scaling(fn) -> Passed:
     return Passed(f"{_name(fn)} predicts both factors for all {len(cases)} layers")
 
 
-def _per_param_bytes(n_d, stage, k=12):
-    # mixed precision (ZeRO's accounting): 2 bytes of weight, 2 of gradient, k of optimizer state
-    return 2 / (n_d if stage >= 3 else 1) + 2 / (n_d if stage >= 2 else 1) + k / (n_d if stage >= 1 else 1)
+def _per_param_bytes(n_d, stage, k=12, grad_bytes=2):
+    # mixed precision (ZeRO's accounting): 2 bytes of weight, grad_bytes of gradient (2 in bf16, 4 kept in
+    # fp32), k of optimizer state
+    return (2 / (n_d if stage >= 3 else 1) + grad_bytes / (n_d if stage >= 2 else 1)
+            + k / (n_d if stage >= 1 else 1))
 
 
-def _max_params(gpu_gb, n_d, stage, k=12):
-    return gpu_gb * 1e9 / _per_param_bytes(n_d, stage, k)
+def _max_params(gpu_gb, n_d, stage, k=12, grad_bytes=2):
+    return gpu_gb * 1e9 / _per_param_bytes(n_d, stage, k, grad_bytes)
 
 
 MAX_PARAMS_CASES = ([dict(gpu_gb=g, n_d=nd, stage=s) for g in (24, 80) for nd in (1, 8, 64) for s in range(4)]
-                    + [dict(gpu_gb=80, n_d=16, stage=s, k=k) for s in range(4) for k in (4, 8)])
+                    + [dict(gpu_gb=80, n_d=16, stage=s, k=k) for s in range(4) for k in (4, 8)]
+                    # fp32 gradients: 2-byte weights and 4-byte gradients, so a total tells which one a stage shards
+                    + [dict(gpu_gb=80, n_d=8, stage=s, k=12, grad_bytes=4) for s in range(4)])
 
 
 def check_max_params(fn) -> Passed:
-    """Chapter 01: ``fn(gpu_gb, n_d, stage, k=12)`` → the most parameters whose mixed-precision model states
-    (ZeRO's accounting: 2 + 2 + K bytes each) fit in ``gpu_gb`` GB per GPU with ZeRO ``stage`` over ``n_d``
-    data-parallel GPUs; activations ignored. Checked to 1% over GPU sizes, stages, degrees and K (and one
-    case drawn anew), without the estimator."""
+    """Chapter 01: ``fn(gpu_gb, n_d, stage, k=12, grad_bytes=2)`` → the most parameters whose mixed-precision
+    model states (ZeRO's accounting: 2 bytes of weight, ``grad_bytes`` of gradient, K of optimizer state) fit in
+    ``gpu_gb`` GB per GPU with ZeRO ``stage`` over ``n_d`` data-parallel GPUs; activations ignored. Checked to
+    1% over GPU sizes, stages, degrees, K and fp32 gradients (whose 4 bytes tell a stage that shards the
+    gradients from one that shards the 2-byte weights), and one case drawn anew, without the estimator."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
     cases = _with_a_fresh_case(MAX_PARAMS_CASES, lambda r: dict(gpu_gb=r.randrange(8, 200), n_d=r.randrange(2, 513),
@@ -160,11 +165,11 @@ def check_max_params(fn) -> Passed:
     return Passed(f"{_name(fn)} agrees with the reference on all {len(cases)} cases")
 
 
-def _max_params_mistake(got, gpu_gb, n_d, stage, k=12) -> str:
+def _max_params_mistake(got, gpu_gb, n_d, stage, k=12, grad_bytes=2) -> str:
     """The hint naming the mistake ``got`` makes, when it is one a learner makes (units, sharding, K), else ''."""
     if not isinstance(got, (int, float)) or isinstance(got, bool) or not got > 0:
         return ""
-    right = _max_params(gpu_gb, n_d, stage, k)
+    right = _max_params(gpu_gb, n_d, stage, k, grad_bytes)
     stages = {0: "nothing", 1: "the optimizer state", 2: "the optimizer state and the gradients",
               3: "the optimizer state, the gradients and the weights"}
     mistakes = [
@@ -180,11 +185,20 @@ def _max_params_mistake(got, gpu_gb, n_d, stage, k=12) -> str:
          "and the fp32 copy is part of the K bytes of optimizer state."),
     ]
     if k != 12:
-        mistakes.append((_max_params(gpu_gb, n_d, stage, 12),
+        mistakes.append((_max_params(gpu_gb, n_d, stage, 12, grad_bytes),
                          f" That is for K = 12: this case has k={k} bytes of optimizer state per parameter."))
+    if grad_bytes != 2:
+        if stage == 2:  # the weights and the gradients swapped: only unequal bytes tell them apart
+            mistakes.append((gpu_gb * 1e9 / (2 / n_d + grad_bytes + k / n_d),
+                             f" You sharded the weights instead of the gradients: stage 2 divides the gradients "
+                             f"(grad_bytes={grad_bytes} each here) and the optimizer state over the n_d={n_d} "
+                             f"GPUs; every GPU keeps its whole 2-byte weights until stage 3."))
+        mistakes.append((_max_params(gpu_gb, n_d, stage, k),
+                         f" That is for 2-byte gradients: this case keeps them in fp32, grad_bytes={grad_bytes} "
+                         f"bytes per parameter."))
     for other in range(4):
         if other != stage:
-            mistakes.append((_max_params(gpu_gb, n_d, other, k),
+            mistakes.append((_max_params(gpu_gb, n_d, other, k, grad_bytes),
                              f" That is what fits at stage {other}: stage {stage} shards {stages[stage]}"
                              + (f" over the n_d={n_d} GPUs." if stage else ", so n_d does not matter.")))
     for value, hint in mistakes:

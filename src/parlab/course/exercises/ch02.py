@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.course.exercises.core import ExerciseFailed, Passed, _name, check_choice, check_function, check_ranks
+from parlab.lab.launch.errors import RankError
 
 
 def check_recursive_doubling(fn, world_size: int = 4, numel: int = 12, timeout: float = 30) -> Passed:
@@ -27,7 +28,13 @@ def check_recursive_doubling(fn, world_size: int = 4, numel: int = 12, timeout: 
     def make_input(rank, n):
         return torch.arange(numel, dtype=torch.float32) + 100 * rank + offset
 
-    results = check_ranks(fn, _all_reduce, world_size, make_input, timeout, _record=True)
+    try:
+        results = check_ranks(fn, _all_reduce, world_size, make_input, timeout, _record=True)
+    except RankError as error:  # the learner's function raised on a rank: say so, not the launcher's traceback
+        if error.type_name == "NotImplementedError":
+            raise ExerciseFailed(f"{_name(fn)} is not written yet (it raises NotImplementedError)") from None
+        raise ExerciseFailed(f"{_name(fn)} raised {error.type_name} on rank {error.rank} of {world_size}: "
+                             f"{error.remote_message}") from None
     buffer = numel * 4
     steps = int(math.log2(world_size))
     for rank, r in enumerate(results):

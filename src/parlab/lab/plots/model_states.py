@@ -54,7 +54,7 @@ def bytes_per_parameter(setups: dict, optimizer: str = "adam", title: str = "", 
         for part, name, nbytes in parameter_bytes(optimizer, **setup):
             ax.barh(y, nbytes, left=left, color=_part_color(part, states), edgecolor="white", linewidth=2)
             states += part == "optimizer"
-            ax.text(left + nbytes / 2, y, f"{name}\n{nbytes:g} B", ha="center", va="center", fontsize=8,
+            ax.text(left + nbytes / 2, y, f"{name}\n{nbytes:g} bytes", ha="center", va="center", fontsize=8,
                     color="white" if part != "master" else "black")
             left += nbytes
         ax.text(left + 0.2, y, f"{left:g} bytes", va="center", fontsize=10, fontweight="bold")
@@ -101,11 +101,11 @@ def zero_holdings(world_size: int, stage: int, precision: str = "bf16") -> Figur
                                        facecolor=MEMORY_COLORS[part] if holds else lighter(MEMORY_COLORS[part], 0.85)))
         state = "optimizer state" + ("" if precision == "fp32" else " (fp32 master, m, v)")
         name = {"params": "weights", "grads": "gradients", "optimizer": state}[part]
-        ax.text(x + width / 2, -0.1, f"{name}\n{held:g} B", ha="center", va="bottom", fontsize=9)
+        ax.text(x + width / 2, -0.1, f"{name}\n{held:g} bytes", ha="center", va="bottom", fontsize=9)
         x += width + 0.4
     total = sum(held for held, _ in shares.values())
     for rank in range(world_size):
-        ax.text(x, rank + 0.5, f"{total:g} B", va="center", fontsize=10, fontweight="bold")
+        ax.text(x, rank + 0.5, f"{total:g} bytes\nper param.", va="center", fontsize=10, fontweight="bold")
     ax.set_yticks([r + 0.5 for r in range(world_size)], [f"rank {r}" for r in range(world_size)])
     ax.set_xlim(0, x + 1.2)
     ax.set_ylim(world_size, -1.1)

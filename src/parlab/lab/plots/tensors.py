@@ -1,5 +1,7 @@
 """Tensors drawn cell by cell: every rank's tensor before and after a collective (chapter 02), and a
-matrix product split by columns and by rows over the ranks (chapter 05).
+matrix product split by columns and by rows over the ranks (chapter 05). Chapter 05's two charts of a
+tensor-parallel run as a whole: the same losses every way (:func:`same_losses`) and the share of a layer's
+time TP's all-reduces take as t grows, link by link (:func:`tp_comm_share`).
 """
 
 from __future__ import annotations
@@ -104,3 +106,41 @@ def matmul_split(tp_size: int, title: str = ""):
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
+
+
+def same_losses(single: dict, ways: dict, title: str = "{kind}: the same losses, every rank, every way"):
+    """One panel per model: ``single[kind]``, one process's losses per step (a wide grey line), and each of
+    ``ways[kind]``, ``{label: losses}``, drawn over it with markers nested from large to small, so that every
+    way stays visible where they agree."""
+    fig, axes = plt.subplots(1, len(single), figsize=(5.5 * len(single), 3.4), squeeze=False)
+    for ax, (kind, losses) in zip(axes[0], single.items()):
+        ax.plot(losses, "k-", lw=4, alpha=0.3, label="one process")
+        n = len(ways[kind])
+        for i, (label, got) in enumerate(ways[kind].items()):
+            ax.plot(got, "osDv^<>p"[i % 8], ms=13 - 9 * i / max(n - 1, 1), label=label)
+        ax.set(title=title.format(kind=kind), xticks=range(len(losses)), xlabel="step", ylabel="loss")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    plt.show()
+
+
+def tp_comm_share(tp_sizes, shares: dict, inside: str, across: str, node_size: int = 8, title: str = ""):
+    """The share of a layer's time in TP's all-reduces against the tensor-parallel size t, one line per
+    link (``shares``: ``{link name: share at each of tp_sizes}``), and a node's path as a dashed line: the
+    ``inside`` link up to ``node_size`` GPUs, the ``across`` link beyond, where the sizes that cross nodes
+    are shaded. Returns that path's shares."""
+    import numpy as np
+
+    ts = np.asarray(tp_sizes)
+    node = np.where(ts <= node_size, shares[inside], shares[across])
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for name, share in shares.items():
+        ax.plot(ts, share, "o-", label=name)
+    ax.plot(ts, node, "k--", lw=2, label=f"{node_size} GPUs per node: {inside.split()[0]}, then {across.split()[0]}")
+    ax.axvspan(node_size + 0.5, ts.max() * 1.1, color="gray", alpha=0.1)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="tensor-parallel size t", ylabel="share of a layer's time in TP all-reduces", title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    plt.show()
+    return node

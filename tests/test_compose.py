@@ -89,6 +89,7 @@ def _bad(sizes, how):
     ({"tp": 2}, {"data_parallel": "ddp"}, "PyTorch's DDP does not take the DTensor parameters"),
     ({"pp": 4}, {"num_micro_batches": 0}, "num_micro_batches must be a positive int"),
     ({}, {"data_parallel": "zero4"}, "data_parallel='zero4'; choose one of 'fsdp'"),
+    ({"pp": 2}, {"reshard_after_forward": "yes"}, "reshard_after_forward='yes'; choose True, False or None"),
 ])
 def test_bad_combinations_say_what_is_allowed(sizes, how, message):
     with pytest.raises(parlab.RankError, match=message):

@@ -925,8 +925,8 @@ def _states(num_params, dp, tp, pp, zero_stage, over=None):
     psi = num_params / (tp * pp)
     n = over or dp
     weights, grads, adam = 2 * psi, 2 * psi, 12 * psi
-    return weights / (n if zero_stage >= 3 else 1) + grads / (n if zero_stage >= 2 else 1) + \
-        adam / (n if zero_stage >= 1 else 1)
+    return {"params": weights / (n if zero_stage >= 3 else 1), "grads": grads / (n if zero_stage >= 2 else 1),
+            "optimizer": adam / (n if zero_stage >= 1 else 1)}
 
 
 def test_model_states_check_both_ways():
@@ -1622,3 +1622,22 @@ def test_recursive_doubling_stub_reaches_the_check():
 
     with pytest.raises(ExerciseFailed, match=r"halves raised ValueError on rank \d of 2: buffer of the wrong size"):
         check_recursive_doubling(halves, world_size=2)
+
+def test_model_states_check_sees_each_part():
+    """Exercise 07.2 (issue 50): ZeRO-2 sharding the weights instead of the gradients holds the right total
+    (2 bytes each) and passed a check of the total; each part is compared now, and the hint names the swap.
+    A total alone is refused too: two wrong parts can sum to it."""
+    from parlab.course.exercises import check_model_states
+    from parlab.course.exercises.ch07 import _counted
+
+    def swapped(num_params, dp, tp, pp, zero_stage):  # planted: weights sharded from stage 2, gradients from 3
+        return _counted(num_params, dp, tp, pp, zero_stage, stages=(1, 3, 2))
+
+    assert all(abs(sum(swapped(**case).values()) - sum(_counted(**case).values())) < 1e-3
+               for case in (dict(num_params=7e9, dp=4, tp=2, pp=1, zero_stage=z) for z in range(4)))  # same totals
+    with pytest.raises(ExerciseFailed, match=r"zero_stage=2\): params expected .* grads expected .*"
+                                             r"shards the weights at ZeRO-2 instead of the gradients"):
+        check_model_states(swapped)
+    with pytest.raises(ExerciseFailed, match="that is one number: the check compares each part"):
+        check_model_states(lambda num_params, dp, tp, pp, zero_stage:
+                           sum(_counted(num_params, dp, tp, pp, zero_stage).values()))

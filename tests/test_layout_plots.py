@@ -9,7 +9,7 @@ import pytest
 
 from parlab.lab.parallel import Topology
 from parlab.lab.plots.colors import lighter, rank_color
-from parlab.lab.plots.layout_choice import decision
+from parlab.lab.plots.layout_choice import decision, tied
 from parlab.lab.plots.model_split import held_pieces, model_on_mesh
 from parlab.lab.plots.step_parts import PART_COLORS, step_parts
 
@@ -62,6 +62,28 @@ def test_decision_draws_every_layout_and_stars_the_marks():
     assert len(hollow) == 1 and tuple(hollow[0].get_xydata()[0]) == (60.0, 14.0)  # TP 16 spans two nodes
     greys = [d for d in dots if d.get_markeredgecolor() == "#bbbbbb"]
     assert {tuple(d.get_xydata()[0]) for d in greys} == {(100.0, 10.0), (90.0, 11.0)}  # over 80 GB: no fit
+
+
+def _labels(fig):
+    return fig.axes[0].get_legend_handles_labels()[1]
+
+
+def test_decision_draws_ties_and_stars_a_winner_only_when_alone():
+    """Issue 50: a planner that errs by ±20 % cannot rank layouts priced within 20 % of each other. Those
+    that fit with TP inside a node are ringed as tied; the fastest is starred only when alone in the band."""
+    layouts = [SimpleNamespace(tp=t, pp=1, dp=32 // t, zero_stage=1) for t in (1, 2, 4, 8, 16)]
+    close = [_prediction(l, m * 1e9, s) for l, m, s in zip(layouts, (90, 50, 50, 50, 40), (9, 10, 10.5, 11.9, 10.1))]
+    assert [p.step_s for p in tied(close, 80e9, 0.2, gpus_per_node=8)] == [10, 10.5, 11.9]  # not 90 GB, not TP 16
+    fig = decision(close, 80e9, {"guide": close[3]}, gpus_per_node=8, band=0.2)
+    assert not any(label.startswith("the planner's fastest") for label in _labels(fig))
+    assert "3 tied: fit, and priced within 20 % of the fastest (the planner's error)" in _labels(fig)
+    rings = [line for line in fig.axes[0].lines if line.get_markeredgecolor() == "#2CA02C"]
+    assert len(rings) == 1 and [tuple(xy) for xy in rings[0].get_xydata()] == [(50, 10), (50, 10.5), (50, 11.9)]
+    apart = [_prediction(l, 50e9, s) for l, s in zip(layouts, (10, 12.5, 13, 14, 15))]
+    assert [label for label in _labels(decision(apart, 80e9, band=0.2, gpus_per_node=8))
+            if label.startswith("the planner's fastest")] == ["the planner's fastest: " + str(layouts[0]) + ", 10 s"]
+    with pytest.raises(ValueError, match=r"band=1.5: the planner's error as a fraction"):
+        tied(apart, 80e9, 1.5)
 
 
 def test_step_parts_bars_add_up_to_the_prediction():

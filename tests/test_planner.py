@@ -372,8 +372,9 @@ def test_zero3_gathers_as_often_as_it_reshards():
 
 
 def test_zero3_beside_a_pipeline_is_priced_as_pytorchs_pipeline_runs_it():
-    """FSDP2 under ``torch.distributed.pipelining`` gathers once and reduce-scatters once per step (chapter 07
-    §5 measures it: 881,664 B on dp 2 × pp 2 whatever m), and keeps the weights and gradients whole meanwhile."""
+    """FSDP2 under ``torch.distributed.pipelining`` with ``reshard_after_forward=False`` gathers once and
+    reduce-scatters once per step (chapter 07 §3 measures it on dp 4 × pp 2 whatever m; with FSDP2's default,
+    True, it gathers m + 1 times), and keeps the weights and gradients whole meanwhile."""
     w = _workload()
     cluster = planner.Cluster(gpus_per_node=4, nodes=1)
     grads = max(planner.stage_params(w, 2)) * 2  # bf16, the heaviest stage's

@@ -121,7 +121,7 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
                 tensor_parallel: str = "dtensor", pipeline: str = "torch", tp_plan: dict | None = None,
                 checkpointing: bool = False, schedule: str = "gpipe", num_micro_batches: int = 4,
                 loss_fn: Callable | None = None, optimizer=torch.optim.SGD,
-                optimizer_kwargs: dict | None = None) -> Parallelized:
+                optimizer_kwargs: dict | None = None, reshard_after_forward: bool | None = None) -> Parallelized:
     """Apply the axes of ``topology`` to ``model`` in the order of the module docstring; run on every rank.
 
     model: an ``nn.Sequential`` of blocks, or a transformers GPT-2 or Llama (no pipeline for Llama).
@@ -131,9 +131,14 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
     the model's own. pipeline: ``"torch"`` (``torch.distributed.pipelining``) or ``"course"`` (chapter 06's
     executor); schedule, num_micro_batches: its schedule. loss_fn: default the model's (mean squared
     error; next-token cross-entropy, vocabulary-parallel under the course's TP). optimizer,
-    optimizer_kwargs: the optimizer class and its arguments (default ``{"lr": 0.05}``). The course's
+    optimizer_kwargs: the optimizer class and its arguments (default ``{"lr": 0.05}``).
+    reshard_after_forward: FSDP2's flag (``data_parallel="fsdp"``); None: False with a pipeline, whose
+    micro-batches then reuse the gathered weights, True (FSDP2's default) without one. The course's
     strategies record each collective into any attached ``CommLog`` (``with CommLog() as log:``).
     """
+    if reshard_after_forward not in (None, True, False):
+        raise ValueError(f"reshard_after_forward={reshard_after_forward!r}; choose True, False or None "
+                         "(None: False with a pipeline, True without)")
     _check(topology, data_parallel, tensor_parallel, pipeline, schedule, num_micro_batches)
     device = runtime.device()
     kind = model_kind(model.to(device))
@@ -154,7 +159,8 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
 
     # 4. data parallelism over the dp axis, and the optimizer
     part, opt, after_backward = _data_parallel(part, kind, topology, data_parallel, device, optimizer,
-                                               optimizer_kwargs, pipelined=topology.pp > 1)
+                                               optimizer_kwargs, pipelined=topology.pp > 1,
+                                               reshard_after_forward=reshard_after_forward)
 
     # 5. the pipeline schedule drives the finished stage
     runner, stage = None, None
@@ -195,7 +201,8 @@ def _check(topology: Topology, data_parallel: str, tensor_parallel: str, pipelin
                              "cannot join: with tensor_parallel='dtensor' use data_parallel='fsdp'")
 
 
-def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwargs, pipelined):
+def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwargs, pipelined,
+                   reshard_after_forward=None):
     """(the module to run, its optimizer, what runs after each backward) for the ``dp`` axis."""
     if topology.dp == 1 or how == "none":
         return part, optimizer(part.parameters(), **optimizer_kwargs), []
@@ -211,13 +218,14 @@ def _data_parallel(part, kind, topology, how, device, optimizer, optimizer_kwarg
         from torch.distributed.fsdp import fully_shard
 
         # Within a pipeline step a stage runs several micro-batches: keep its weights gathered between
-        # forward and backward instead of gathering them again for every micro-batch.
+        # forward and backward instead of gathering them again for every micro-batch (unless asked).
+        reshard = not pipelined if reshard_after_forward is None else reshard_after_forward
         for block in kind.blocks(part):
-            fully_shard(block, mesh=topology.submesh("dp"), reshard_after_forward=not pipelined)
+            fully_shard(block, mesh=topology.submesh("dp"), reshard_after_forward=reshard)
         # FSDP2 hooks backward onto the output and warns if it is a view (DTensor's logits are): hand it a copy
         part.register_forward_hook(lambda module, args, out: out.clone() if getattr(out, "_base", None) is not None
                                    else out)
-        fully_shard(part, mesh=topology.submesh("dp"), reshard_after_forward=not pipelined)
+        fully_shard(part, mesh=topology.submesh("dp"), reshard_after_forward=reshard)
     elif how == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 

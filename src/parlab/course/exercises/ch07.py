@@ -90,40 +90,67 @@ STATE_CASES = [dict(num_params=p, dp=dp, tp=tp, pp=pp, zero_stage=z)
                for z in (0, 1, 2, 3)]
 
 
-def _model_states(num_params, dp, tp, pp, zero_stage):
+#: The parts of a rank's model states, as ``estimate_memory`` names them: weights, gradients, optimizer state.
+PARTS = ("params", "grads", "optimizer")
+
+
+def _model_states(num_params, dp, tp, pp, zero_stage) -> dict:
     from parlab.lab.measure import estimate_memory
 
-    return estimate_memory(num_params=num_params, precision="bf16", optimizer="adam", world_size=dp * tp * pp,
-                           tp_size=tp, pp_size=pp, zero_stage=zero_stage).model_states
+    m = estimate_memory(num_params=num_params, precision="bf16", optimizer="adam", world_size=dp * tp * pp,
+                        tp_size=tp, pp_size=pp, zero_stage=zero_stage)
+    return {part: getattr(m, part) for part in PARTS}
+
+
+def _parts(got) -> dict | None:
+    """``got`` as ``{part: bytes}`` when it is a mapping of the three parts to numbers, else None."""
+    try:
+        return {part: float(got[part]) for part in PARTS} if len(got) == len(PARTS) else None
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def check_model_states(fn) -> Passed:
-    """``fn(num_params, dp, tp, pp, zero_stage)`` → bytes of weights, gradients and optimizer state one rank
-    holds in bf16 mixed-precision training with Adam (fp32 master weights and moments), model split evenly
-    over tp × pp, ZeRO ``zero_stage`` (0–3) over the dp ranks. Within 1 % of ``estimate_memory``, which
-    (and the planner, which calls it) the learner's function may not call."""
+    """``fn(num_params, dp, tp, pp, zero_stage)`` → ``{"params": ..., "grads": ..., "optimizer": ...}``: the
+    bytes of weights, gradients and optimizer state one rank holds in bf16 mixed-precision training with
+    Adam (fp32 master weights and moments), model split evenly over tp × pp, ZeRO ``zero_stage`` (0–3) over
+    the dp ranks. Each part within 1 % of ``estimate_memory``'s, which (and the planner, which calls it) the
+    learner's function may not call: a total alone would let ZeRO-2 shard the weights instead of the
+    gradients (2 bytes each) pass."""
     for case in STATE_CASES:
         expected = _model_states(**case)
         with refusing("ch07.2", "the exercise asks for the bytes counted yourself, without estimate_memory or "
                       "the planner: bytes per parameter for weights, gradients, Adam; which are divided by what?"):
             got = _call(fn, **case)
-        if not isinstance(got, (int, float)) or abs(got - expected) > 0.01 * expected:
-            hint = _states_hint(got, **case) if isinstance(got, (int, float)) else ""
-            raise ExerciseFailed(f"{_name(fn)}({_args(case)}): expected {expected / 1e9:.3f} GB, got "
-                                 f"{got / 1e9 if isinstance(got, (int, float)) else got!r:.6} GB{hint}")
-    return Passed(f"{_name(fn)} agrees with estimate_memory on all {len(STATE_CASES)} layouts")
+        parts = _parts(got)
+        if parts is None:
+            shape = (" (that is one number: the check compares each part, since two wrong parts can sum to the "
+                     "right total)") if isinstance(got, (int, float)) else ""
+            raise ExerciseFailed(f"{_name(fn)}({_args(case)}): expected a dict of bytes "
+                                 f"{{'params': ..., 'grads': ..., 'optimizer': ...}}, got {got!r:.80}{shape}")
+        wrong = [part for part in PARTS if abs(parts[part] - expected[part]) > 0.01 * expected[part]]
+        if wrong:
+            raise ExerciseFailed(f"{_name(fn)}({_args(case)}): "
+                                 + "; ".join(f"{part} expected {expected[part] / 1e9:.3f} GB, got "
+                                             f"{parts[part] / 1e9:.3f} GB" for part in wrong)
+                                 + _states_hint(parts, **case))
+    return Passed(f"{_name(fn)} agrees with estimate_memory, part by part, on all {len(STATE_CASES)} layouts")
 
 
-def _counted(num_params, dp, tp, pp, zero_stage, weights=2, grads=2, adam=12, over=None, split=None, stages=(1, 2, 3)):
-    """Bytes of model states counted one way, right (the defaults) or with one known mistake."""
+def _counted(num_params, dp, tp, pp, zero_stage, weights=2, grads=2, adam=12, over=None, split=None,
+             stages=(1, 2, 3)) -> dict:
+    """Bytes of each part of the model states counted one way, right (the defaults) or with one known
+    mistake. ``stages``: the ZeRO stage from which the optimizer state, the gradients and the weights are
+    sharded."""
     psi = num_params / (tp * pp if split is None else split)
     n = over or dp
     shard = [n if zero_stage >= s else 1 for s in stages]  # optimizer state, gradients, weights
-    return adam * psi / shard[0] + grads * psi / shard[1] + weights * psi / shard[2]
+    return {"params": weights * psi / shard[2], "grads": grads * psi / shard[1], "optimizer": adam * psi / shard[0]}
 
 
-def _states_hint(got, **case) -> str:
-    """`` (what the mistake is)`` where ``got`` is a known wrong count of ``case``, else ``""``."""
+def _states_hint(got: dict, **case) -> str:
+    """`` (what the mistake is)`` where ``got`` (``{part: bytes}``) is a known wrong count of ``case``, else
+    ``""``."""
     world = case["dp"] * case["tp"] * case["pp"]
     known = [
         (dict(over=world), "that is ZeRO sharding over all the ranks: it shards only over the dp axis"),
@@ -133,13 +160,17 @@ def _states_hint(got, **case) -> str:
         (dict(grads=4), "that counts gradients as fp32: here they are bf16, 2 bytes each"),
         (dict(stages=(9, 9, 9)), "that ignores zero_stage: ZeRO-1 shards the optimizer state, 2 the gradients, "
          "3 the weights"),
+        (dict(stages=(1, 3, 2)), "that shards the weights at ZeRO-2 instead of the gradients: ZeRO-2 shards the "
+         "gradients (and the optimizer state); the weights stay whole until ZeRO-3"),
         (dict(stages=(0, 1, 2)), "that shards one stage too early: ZeRO-1 shards only the optimizer state, "
          "ZeRO-2 adds the gradients, ZeRO-3 the weights"),
         (dict(stages=(1, 1, 1)), "that shards everything from ZeRO-1 on: stage 1 shards only the optimizer state"),
     ]
+    right = _counted(**case)
     for change, hint in known:
         wrong = _counted(**case, **change)
-        if abs(got - wrong) <= 0.01 * wrong and abs(wrong - _counted(**case)) > 0.01 * wrong:
+        if (all(abs(got[p] - wrong[p]) <= 0.01 * wrong[p] for p in PARTS)
+                and any(abs(wrong[p] - right[p]) > 0.01 * right[p] for p in PARTS)):
             return f" ({hint})"
     return ""
 

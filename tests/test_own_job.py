@@ -33,7 +33,8 @@ RESTORE_RNG = 'self.sampler.set_state(state["rng"])'
 
 
 def chapter_files() -> dict[str, str]:
-    """``{"train.py": ..., "job.json": ..., "data.json": ...}``: the chapter's ``%%writefile`` cells, ``-a`` parts appended in order."""
+    """``{"train.py": ..., "job.json": ..., "data.json": ...}``: the chapter's ``%%writefile`` cells, ``-a`` parts
+    appended in order."""
     files: dict[str, str] = {}
     for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
         first, _, body = cell.source.partition("\n")

@@ -44,7 +44,54 @@ def test_keeps_exactly_what_the_function_needs(tmp_path):
     run = subprocess.run([sys.executable, str(out), "--world-size", "2"], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip().splitlines()[-1] == "[3.0, 3.0]"
+    assert run.stdout.strip().splitlines()[-1] == "3.0"  # rank 0's value
+    assert "parlab" not in text.split('"""')[2]  # torch alone: nothing of the course
+
+
+def test_a_function_using_only_the_rank_helpers_exports_to_plain_pytorch(tmp_path):
+    """parlab.rank(), world_size(), local_rank() and device() are written out; the script runs with the course's
+    package hidden (a parlab that cannot be imported stands first on the path)."""
+    path = _notebook(
+        tmp_path,
+        "import parlab\nimport torch\nimport torch.distributed as dist",
+        "def work():\n    t = torch.tensor([parlab.rank() + 1.0], device=parlab.device())\n    dist.all_reduce(t)\n"
+        "    return (t.item(), parlab.world_size(), parlab.local_rank())",
+    )
+    text = export_function(path, "work", script="w.py")
+    assert "import parlab" not in text and "parlab." not in text.split('"""')[2], text
+    assert "nothing of the course" in text.split('"""')[1]
+    hidden = tmp_path / "hidden" / "parlab"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('the course is not installed here')\n")
+    (tmp_path / "w.py").write_text(text)
+    env = dict(os.environ, PYTHONPATH=str(hidden.parent))
+    run = subprocess.run([sys.executable, str(tmp_path / "w.py"), "--world-size", "2"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "(3.0, 2, 0)"
+
+
+def test_a_function_using_more_of_the_course_says_what_the_cluster_needs(tmp_path):
+    path = _notebook(
+        tmp_path,
+        "import parlab\nfrom parlab.lab.models import token_batch",
+        "def work():\n    return token_batch(2, 4).shape[0] * parlab.world_size()",
+    )
+    text = export_function(path, "work", script="w.py")
+    doc = text.split('"""')[1]
+    assert "Needs the course's package `parlab` on every node" in doc and "pip install -e ." in doc
+    assert "parlab.world_size" in doc and "parlab.lab.models" in doc  # what it uses, by name
+    (tmp_path / "w.py").write_text(text)
+    run = subprocess.run([sys.executable, str(tmp_path / "w.py"), "--world-size", "2"], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[4, 4]"
+    hidden = tmp_path / "hidden" / "parlab"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('the course is not installed here')\n")
+    run = subprocess.run([sys.executable, str(tmp_path / "w.py")], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(hidden.parent)))
+    assert run.returncode == 1 and "needs the course's package parlab: pip install -e ." in run.stderr, run.stderr
 
 
 def test_unknown_function_lists_the_ones_there(tmp_path):
@@ -67,4 +114,5 @@ def test_chapter_function_runs_under_torchrun(tmp_path):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "3.0" in run.stdout and "started by torchrun" in run.stdout  # 1 + 2 on 2 ranks
+    assert run.stdout.strip().splitlines()[-1] == "3.0"  # 1 + 2 on 2 ranks, printed by rank 0
+    assert "import parlab" not in script.read_text()  # chapter 00's total needs torch alone

@@ -7,7 +7,6 @@ timeout and py-spy on a hung rank."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -136,20 +135,52 @@ def test_exercise_fails_a_checkpoint_without_the_optimizer():
     print(failed.value)
 
 
-def test_exercise_fails_losses_not_averaged_over_ranks():
+def test_exercise_fails_losses_summed_over_ranks():
     solution = _solution()
 
-    def local_losses(first_step, steps, save_to=None, load_from=None):
-        real = dist.all_reduce
-        dist.all_reduce = lambda t, op=None, **kw: None  # each rank reports its own shard's loss
-        try:
-            return solution(first_step, steps, save_to, load_from)
-        finally:
-            dist.all_reduce = real
+    def summed(first_step, steps, save_to=None, load_from=None):
+        # the planted bug: each rank's loss all-reduced with SUM (the default op), not averaged
+        losses = []
+        for value in solution(first_step, steps, save_to, load_from):
+            t = torch.tensor(value)
+            dist.all_reduce(t)
+            losses.append(t.item())
+        return losses
 
-    with pytest.raises(ExerciseFailed, match=re.escape("on 2 ranks, steps 0–1: loss 0 is")) as failed:
-        check_sharded_training(local_losses, world_size=2, resume_world_size=3)
+    with pytest.raises(ExerciseFailed, match="it is 2 times the loop's: each rank's loss was summed") as failed:
+        check_sharded_training(summed, world_size=2, resume_world_size=3)
     print(failed.value)
+
+
+ROWS = "losses = single_process_loop(first_step, steps, model, opt, rows=mine)"
+
+
+def test_exercise_fails_every_rank_training_on_the_whole_batch():
+    # the planted bug: the shard step forgotten; every rank trains on the whole batch. The losses and weights
+    # are the loop's (FSDP averages equal gradients), so only the rows each rank looked up can tell
+    whole = _solution({ROWS: ROWS.replace("rows=mine", "rows=lambda x: x.to(runtime.device())")})
+    with pytest.raises(ExerciseFailed, match="every rank trained on the whole batch of 12 rows each step .*"
+                                             "the shard step is missing") as failed:
+        check_sharded_training(whole, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
+def test_exercise_fails_a_resume_that_draws_the_first_steps_batches():
+    # the planted bug: every run starts at step 0's batch, whatever first_step says
+    replayed = _solution({ROWS: ROWS.replace("(first_step, steps,", "(0, steps,")})
+    with pytest.raises(ExerciseFailed, match="steps 2–3 trained on the batches of steps 0–1: draw each step's "
+                                             "batch with seed=step") as failed:
+        check_sharded_training(replayed, world_size=2, resume_world_size=3)
+    print(failed.value)
+
+
+def test_exercise_calls_the_function_by_position():
+    solution = _solution()
+
+    def renamed(start, count, save=None, load=None):  # other names, the same logic: it must pass
+        return solution(start, count, save, load)
+
+    print(check_sharded_training(renamed, world_size=2, resume_world_size=3))
 
 
 def _replicated(first_step, steps, save_to=None, load_from=None):
@@ -206,7 +237,8 @@ def test_exercise_fails_a_loop_that_does_not_resume_from_its_checkpoint():
         # checkpoint is saved), which gives the right losses unless the checkpoint is not the replay's
         return solution(0, first_step + steps, save_to=save_to)[first_step:]
 
-    with pytest.raises(ExerciseFailed, match=r"resumed on 3 ranks from your checkpoint, which the check altered") as failed:
+    with pytest.raises(ExerciseFailed, match=r"on 3 ranks, asked for steps 2–3, your function trained steps 0–3: "
+                                             r"load the model and optimizer from load_from") as failed:
         check_sharded_training(replays, world_size=2, resume_world_size=3)
     print(failed.value)
 

@@ -1,11 +1,14 @@
 """Chapter 08's exercise: a single-process transformers training loop becomes FSDP2 with a sharded
 checkpoint. The check runs the learner's function on N ranks for the first steps (saving), then on M ranks
-from the checkpoint for the rest, and compares every loss with the single-process loop's."""
+from the checkpoint for the rest, and compares every loss with the single-process loop's, and the rows each
+rank trained on with its shard of each step's batch (the losses and weights cannot tell a rank that trains
+on the whole batch from one that trains on its shard: FSDP averages equal gradients)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections import Counter
 
 import torch
 
@@ -19,28 +22,33 @@ from parlab.lab.models import tiny_llama, token_batch
 LOOP = dict(lr=0.3, momentum=0.9, global_batch=12, seq_len=16)
 
 
-def single_process_loop(steps: int = 4) -> list[float]:
-    """The loop the learner is given: one process, the whole batch of each step."""
-    return _loop(steps)
-
-
-def _loop(steps, alter_at=None):
-    model = tiny_llama(heads=4, kv_heads=4, seed=0)
-    opt = torch.optim.SGD(model.parameters(), lr=LOOP["lr"], momentum=LOOP["momentum"])
+def single_process_loop(first_step=0, steps=4, model=None, opt=None, rows=lambda x: x):
+    """The loop the learner is given: steps ``first_step`` … of the job, each on ``rows(batch)`` of the step's
+    batch (the whole batch by default), training ``model`` with ``opt`` (a new tiny Llama and its SGD by
+    default); returns each step's loss."""
+    model = tiny_llama(heads=4, kv_heads=4, seed=0) if model is None else model
+    opt = torch.optim.SGD(model.parameters(), lr=LOOP["lr"], momentum=LOOP["momentum"]) if opt is None else opt
     losses = []
-    for step in range(steps):
-        if step == alter_at:  # what the check does to the checkpoint it resumes from (see _alter)
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.mul_(WEIGHTS)
-                    opt.state[p]["momentum_buffer"].mul_(MOMENTUM)
-        x = token_batch(LOOP["global_batch"], LOOP["seq_len"], seed=step)  # (global_batch, seq_len)
+    for step in range(first_step, first_step + steps):
+        x = rows(token_batch(LOOP["global_batch"], LOOP["seq_len"], seed=step))  # (global_batch, seq_len)
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
     return losses
+
+
+def _resumed_loop(steps, half):
+    """The single-process loop, altered after ``half`` steps as the check alters the learner's checkpoint."""
+    model = tiny_llama(heads=4, kv_heads=4, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=LOOP["lr"], momentum=LOOP["momentum"])
+    losses = single_process_loop(0, half, model, opt)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(WEIGHTS)
+            opt.state[p]["momentum_buffer"].mul_(MOMENTUM)
+    return losses + single_process_loop(half, steps - half, model, opt)
 
 
 #: The block classes of the exercise's model (its ``_no_split_modules``): each must be an FSDP unit of its own.
@@ -78,34 +86,70 @@ def _on_rank(fn, first_step, steps, save_to, load_from):
            "functions are refused while your function runs")
     sharded = []  # did any forward run on a module fully_shard made (however the learner imported it)?
     blocks = {}  # each block class's instances seen in a forward: id -> was it an FSDP unit of its own?
+    rows = []  # the token rows this rank's embedding looked up: what it trained on
 
     def seen(module, args):
         if not sharded and isinstance(module, FSDPModule):
             sharded.append(True)
         if type(module).__name__.removeprefix("FSDP") in BLOCKS:
             blocks[id(module)] = isinstance(module, FSDPModule)
+        if isinstance(module, torch.nn.Embedding) and args and isinstance(args[0], torch.Tensor):
+            rows.extend(tuple(r) for r in args[0].detach().cpu().reshape(-1, args[0].shape[-1]).tolist())
 
     hook = torch.nn.modules.module.register_module_forward_pre_hook(seen)
     try:
         with without(train_fsdp, ["shard", "save", "load", "train"], why):
-            losses = fn(first_step=first_step, steps=steps, save_to=save_to, load_from=load_from)
+            losses = fn(first_step, steps, save_to, load_from)  # by position: your parameters' names are yours
     except NotImplementedError:
         raise ExerciseFailed("sharded_loop is not written yet (it raises NotImplementedError)") from None
     finally:
         hook.remove()
     units = sum(blocks.values())  # blocks that were FSDP units of their own
-    return [float(v) for v in losses] if isinstance(losses, (list, tuple)) else losses, bool(sharded), (units, len(blocks))
+    losses = [float(v) for v in losses] if isinstance(losses, (list, tuple)) else losses
+    return losses, bool(sharded), (units, len(blocks)), rows
 
 
-def _run(fn, world_size, *args):
+def _batches(first_step, steps):
+    return Counter(tuple(r) for step in range(first_step, first_step + steps)
+                   for r in token_batch(LOOP["global_batch"], LOOP["seq_len"], seed=step).tolist())
+
+
+def _check_rows(per_rank, first_step, steps, world_size):
+    """Each step's batch, once over all ranks, each rank its share: else a hint that names the mistake."""
+    batch, last = LOOP["global_batch"], first_step + steps - 1
+    counts = [len(rows) for rows in per_rank]
+    if all(n == steps * batch for n in counts):
+        raise ExerciseFailed(f"on {world_size} ranks, every rank trained on the whole batch of {batch} rows each "
+                             f"step ({counts} rows over {steps} steps): the shard step is missing. Each rank must "
+                             f"train on its own rows, shard(x, dist.get_rank(), dist.get_world_size()); the "
+                             f"losses and weights cannot show it (FSDP averages {world_size} equal gradients), "
+                             f"but the job does the same work {world_size} times")
+    got = sum((Counter(rows) for rows in per_rank), Counter())
+    if got == _batches(first_step, steps):
+        return
+    if first_step and got == _batches(0, first_step + steps):
+        raise ExerciseFailed(f"on {world_size} ranks, asked for steps {first_step}–{last}, your function trained "
+                             f"steps 0–{last}: load the model and optimizer from load_from and go on from "
+                             f"first_step, rather than replay the first steps")
+    if first_step and got == _batches(0, steps):
+        raise ExerciseFailed(f"on {world_size} ranks, steps {first_step}–{last} trained on the batches of steps "
+                             f"0–{steps - 1}: draw each step's batch with seed=step, for step from first_step")
+    raise ExerciseFailed(f"on {world_size} ranks, steps {first_step}–{last}: the ranks' rows together are not each "
+                         f"step's batch once (rows per rank: {counts}; expected {batch // world_size} per step "
+                         f"each). Rank r takes shard(x, r, {world_size}) of token_batch({batch}, "
+                         f"{LOOP['seq_len']}, seed=step)")
+
+
+def _run(fn, world_size, first_step, steps, save_to, load_from):
     try:
-        losses, sharded, (units, blocks) = parlab.launch(_on_rank, world_size, args=(fn, *args), timeout=60,
-                                                         announce=False)[0]
+        results = parlab.launch(_on_rank, world_size, args=(fn, first_step, steps, save_to, load_from), timeout=60,
+                                announce=False)
     except parlab.RankError as err:
         if isinstance(err.exception, ExerciseFailed):
             raise err.exception from None
         raise ExerciseFailed(f"your function raised on rank {err.rank} of {world_size}: {err.type_name}: "
                              f"{err.remote_message.splitlines()[0] if err.remote_message else ''}") from None
+    _, sharded, (units, blocks), _ = results[0]
     if not sharded:
         raise ExerciseFailed(f"on {world_size} ranks, no forward ran through a module fully_shard had made: the "
                              f"model is replicated, not sharded (call fully_shard on each of model.model.layers, "
@@ -116,24 +160,34 @@ def _run(fn, world_size, *args):
                              f"only (or on some layers), so each forward gathers the whole model at once and "
                              f"sharding saves no peak memory (chapter 04). Call fully_shard on each of "
                              f"model.model.layers first, then on the model")
-    return losses
+    _check_rows([r[3] for r in results], first_step, steps, world_size)
+    per_rank = [r[0] for r in results]
+    if not all(isinstance(v, list) and len(v) == steps for v in per_rank):
+        raise ExerciseFailed(f"on {world_size} ranks: expected a list of {steps} losses from every rank, got "
+                             f"{per_rank[0]!r:.120}")
+    return [sum(values) / world_size for values in zip(*per_rank)]  # the ranks' means: the global batch's
 
 
-def _compare(got, want, what, hint=""):
-    if not isinstance(got, list) or len(got) != len(want):
-        raise ExerciseFailed(f"{what}: expected a list of {len(want)} losses, got {got!r:.120}")
+def _compare(got, want, what, first_hint, later_hint, world_size):
     for i, (g, w) in enumerate(zip(got, want)):
         if not torch.isclose(torch.tensor(g), torch.tensor(w), rtol=1e-5, atol=1e-6):
-            raise ExerciseFailed(f"{what}: loss {i} is {g:.7f}, the single-process loop's is {w:.7f}"
-                                 + (f"; {hint}" if hint else ""))
+            if abs(g / w - world_size) < 1e-3:
+                hint = (f"it is {world_size} times the loop's: each rank's loss was summed over ranks (an all_reduce "
+                        f"with SUM). Return each rank's own loss: the check averages them")
+            else:
+                hint = first_hint if i == 0 else later_hint
+            raise ExerciseFailed(f"{what}: loss {i} (the ranks' mean) is {g:.7f}, the single-process loop's is "
+                                 f"{w:.7f}; {hint}")
 
 
 def check_sharded_training(fn, world_size: int = 2, resume_world_size: int = 3, steps: int = 4) -> Passed:
     """Chapter 08: ``fn(first_step, steps, save_to, load_from)`` on every rank trains steps ``first_step`` …
-    ``first_step + steps - 1`` with FSDP2, loading model and optimizer from ``load_from`` first and saving
-    them to ``save_to`` after (with ``torch.distributed.checkpoint``, each rank its own shards), and returns
-    the global batch's loss of each step. Run on ``world_size`` ranks for half the steps, then resumed on
-    ``resume_world_size`` ranks, against :func:`single_process_loop`."""
+    ``first_step + steps - 1`` with FSDP2, each rank on its shard of each step's batch, loading model and
+    optimizer from ``load_from`` first and saving them to ``save_to`` after (with
+    ``torch.distributed.checkpoint``, each rank its own shards), and returns this rank's loss of each step (the
+    check averages the ranks'). Run on ``world_size`` ranks for half the steps, then resumed on
+    ``resume_world_size`` ranks, against :func:`single_process_loop`; the rows each rank's embedding looked up
+    must be its shard of each step's batch."""
     if not callable(fn):
         raise TypeError(f"fn must be the function you wrote; got {type(fn).__name__}")
     if world_size == resume_world_size:
@@ -142,12 +196,16 @@ def check_sharded_training(fn, world_size: int = 2, resume_world_size: int = 3, 
     for name, n in (("world_size", world_size), ("resume_world_size", resume_world_size)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 2 or LOOP["global_batch"] % n:
             raise ValueError(f"{name} must be an int ≥ 2 dividing the batch of {LOOP['global_batch']}; got {n!r}")
-    want = single_process_loop(steps)
+    want = single_process_loop(0, steps)
     half = steps // 2
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "ckpt")
         first = _run(fn, world_size, 0, half, path, None)
-        _compare(first, want[:half], f"on {world_size} ranks, steps 0–{half - 1}")
+        _compare(first, want[:half], f"on {world_size} ranks, steps 0–{half - 1}",
+                 "the first step already differs: start from tiny_llama(heads=4, kv_heads=4, seed=0), as the loop does",
+                 "the first step matches, a later one does not, so the update differs: build the optimizer after "
+                 "fully_shard (before it, it holds the parameters fully_shard replaced), with the loop's lr and "
+                 "momentum", world_size)
         files = sorted(os.listdir(path)) if os.path.isdir(path) else []
         shards = [f for f in files if f.endswith(".distcp")]
         if len(shards) != world_size or ".metadata" not in files:
@@ -164,9 +222,14 @@ def check_sharded_training(fn, world_size: int = 2, resume_world_size: int = 3, 
         altered = os.path.join(folder, "altered")
         _alter(path, altered)
         rest = _run(fn, resume_world_size, half, steps - half, None, altered)
-        want = _loop(steps, alter_at=half)
+        want = _resumed_loop(steps, half)
         _compare(rest, want[half:], f"resumed on {resume_world_size} ranks from your checkpoint, which the check "
                  f"altered (weights × {WEIGHTS}, momentum × {MOMENTUM}), steps {half}–{steps - 1}",
-                 hint="does load_from load the model and the optimizer's state, rather than replay the first steps?")
+                 "the first resumed step is not the checkpoint's weights: does load_from load the model's state "
+                 "(dcp.load, then set_state_dict), rather than replay the first steps?",
+                 "the first resumed step matches, so the weights were loaded, but a later one does not: load the "
+                 "optimizer's state too (set_state_dict's optim_state_dict), or its momentum restarts",
+                 resume_world_size)
     return Passed(f"{steps} losses equal the single-process loop's: {half} steps on {world_size} ranks, saved "
-                  f"as {world_size} shards, resumed from them on {resume_world_size} ranks")
+                  f"as {world_size} shards, resumed from them on {resume_world_size} ranks, each rank on its shard "
+                  f"of every batch")

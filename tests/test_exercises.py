@@ -1553,7 +1553,7 @@ def test_chapter_09_solution_passes_and_each_usual_mistake_hears_its_name():
 
     from parlab.course.exercises.ch09 import check_culprit
 
-    shown = solutions("09", count=1, __name__="chapter_09_solutions")
+    shown = solutions("09", count=2, __name__="chapter_09_solutions")
     for seed in (None, 0, 1, 2):
         assert "✅" in repr(check_culprit(shown["solution_culprit"], seed=seed))
 
@@ -1641,3 +1641,81 @@ def test_model_states_check_sees_each_part():
     with pytest.raises(ExerciseFailed, match="that is one number: the check compares each part"):
         check_model_states(lambda num_params, dp, tp, pp, zero_stage:
                            sum(_counted(num_params, dp, tp, pp, zero_stage).values()))
+
+def test_chapter_09_culprit_counts_a_record_that_ended_at_the_divergence():
+    """09.1: a rank that left the loop early (its record ends at the divergence) is the culprit. An answer
+    that loops over the shortest record, or compares only the ranks that still have a record, never sees that
+    difference: it fails, named, on every seed."""
+    import collections
+
+    from parlab.course.exercises.ch09 import check_culprit
+
+    def key(r):
+        return r["op"], r["numel"], r["what"]
+
+    def over_shortest(records):
+        for seq in range(min(len(r) for r in records)):
+            keys = [key(r[seq]) for r in records]
+            if len(set(keys)) > 1:
+                common = collections.Counter(keys).most_common(1)[0][0]
+                return seq, next(rank for rank, k in enumerate(keys) if k != common)
+
+    def present_only(records):
+        for seq in range(max(len(r) for r in records)):
+            keys = {rank: key(r[seq]) for rank, r in enumerate(records) if seq < len(r)}
+            if len(set(keys.values())) > 1:
+                common = collections.Counter(keys.values()).most_common(1)[0][0]
+                return seq, next(rank for rank, k in keys.items() if k != common)
+
+    for wrong in (over_shortest, present_only):
+        for seed in (None, 0, 1):
+            with pytest.raises(ExerciseFailed, match="record has ended while the others' go on.*counts as a "
+                                                     "different record"):
+                check_culprit(wrong, seed=seed)
+
+
+def test_chapter_09_mfu_solution_passes_and_each_usual_mistake_hears_its_name():
+    """09: the collapsed solution reproduces PaLM 540B's reported 46.2 % MFU and fresh runs', called
+    positionally; forward FLOPs only, one chip's peak, the chips twice, attention left out and a percentage
+    each fail with a hint that names them; the package's own arithmetic is refused."""
+    from parlab.course.exercises.ch09 import check_mfu
+
+    shown = solutions("09", __name__="chapter_09_solutions")
+    for seed in (None, 0, 1, 2):
+        assert "46.2%" in repr(check_mfu(shown["solution_mfu"], seed=seed))
+
+    def flops(n, layers, width, seq_len, backward=True, attention=True):
+        return (6 if backward else 2) * n + (12 if backward else 4) * layers * width * seq_len * attention
+
+    def forward_only(t, n, layers, width, seq_len, chips, peak):
+        return flops(n, layers, width, seq_len, backward=False) * t / (chips * peak)
+
+    def one_chip(t, n, layers, width, seq_len, chips, peak):
+        return flops(n, layers, width, seq_len) * t / peak
+
+    def chips_twice(t, n, layers, width, seq_len, chips, peak):
+        return flops(n, layers, width, seq_len) * (t / chips) / (chips * peak)
+
+    def no_attention(t, n, layers, width, seq_len, chips, peak):
+        return flops(n, layers, width, seq_len, attention=False) * t / (chips * peak)
+
+    def percent(t, n, layers, width, seq_len, chips, peak):
+        return 100 * flops(n, layers, width, seq_len) * t / (chips * peak)
+
+    for wrong, named in ((forward_only, "forward's FLOPs only"), (one_chip, "one chip's peak"),
+                         (chips_twice, "chips twice"), (no_attention, "left out attention"),
+                         (percent, "a fraction")):
+        with pytest.raises(ExerciseFailed, match=named):
+            check_mfu(wrong)
+    with pytest.raises(ExerciseFailed, match="return a number"):
+        check_mfu(lambda *args: None)
+
+    from parlab.course.exercises import ch09
+    from parlab.lab.job import mfu
+
+    def borrowed(t, n, layers, width, seq_len, chips, peak):
+        return mfu.utilization(flops(n, layers, width, seq_len) * t, 1.0, peak, chips)
+
+    for copy in (borrowed, lambda *args: ch09.reference_mfu(*args)):
+        with pytest.raises(ExerciseFailed, match="refused"):
+            check_mfu(copy)

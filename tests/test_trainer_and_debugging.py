@@ -169,3 +169,27 @@ def test_memory_over_a_step_starts_at_what_is_held_and_draws_the_device():
     assert list(lines["ddp: peak 5.0 MB"].get_ydata()) == [3.0, 5.0, 3.5]
     assert list(lines["fsdp2: peak 2.5 MB"].get_xdata()) == [0.0, 0.5, 1.0]  # a share of the step's events
     assert any(list(line.get_ydata()) == [4.0, 4.0] for line in ax.lines)  # the device's line
+
+
+def test_step_flops_draws_the_counters_parts_and_the_time_at_peak():
+    """Section 5's picture: forward and backward bars split into the weights' products and attention's
+    (bmm), from the counters themselves; the step's time split at FLOPs / peak; MFU in the title."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from parlab.lab.plots.step_flops import flops_and_time
+
+    w, q = torch.randn(8, 8, requires_grad=True), torch.randn(2, 4, 8, requires_grad=True)
+    with FlopCounterMode(display=False) as forward:
+        loss = (torch.randn(16, 8) @ w).sum() + (q @ q.transpose(1, 2)).sum()  # a mm and a bmm
+    with FlopCounterMode(display=False) as backward:
+        loss.backward()
+    total = forward.get_total_flops() + backward.get_total_flops()
+    fig = flops_and_time(forward, backward, 2 * total / 1e9, 1e9)  # the FLOPs take half the step at peak
+    left, right = fig.axes
+    widths = {(round(b.get_y() + b.get_height() / 2), b.get_facecolor()): b.get_width() for b in left.patches}
+    assert sum(widths.values()) * 1e6 == pytest.approx(total)
+    assert sum(v for (y, _), v in widths.items() if y == 1) * 1e6 == pytest.approx(forward.get_total_flops())  # forward on top
+    assert forward.get_flop_counts()["Global"][torch.ops.aten.bmm] == 2 * 2 * 4 * 4 * 8
+    assert "MFU" in right.get_title() and "50.0%" in right.get_title()
+    with pytest.raises(ValueError, match="step_seconds and peak_flops must be positive; got 0"):
+        flops_and_time(forward, backward, 0, 1e9)

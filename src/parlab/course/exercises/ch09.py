@@ -1,21 +1,27 @@
-"""Chapter 09's exercise: find the bug from the evidence. Given each rank's records of the collectives it
-issued (a flight recorder's, as chapter 09's ``debug.log_on_rank0_loop`` writes them), name the first
-sequence number at which the ranks' records diverge and the rank that took another path there.
+"""Chapter 09's exercises.
 
-The check calls the learner's ``culprit(records)`` on a few fixed hangs (the chapter's own among them) and on
-fresh ones drawn for each call: a rank that issues an extra collective, one that skips one, one whose
-collective carries another size. Each wrong answer gets a hint naming the usual mistake: the rank whose
-record stops earliest (an innocent one: it stopped because it was waiting), the last difference instead of
-the first, the op compared without its size."""
+- :func:`check_culprit`: find the bug from the evidence. Given each rank's records of the collectives it
+  issued (a flight recorder's, as chapter 09's ``debug.log_on_rank0_loop`` writes them), name the first
+  sequence number at which the ranks' records diverge and the rank that took another path there. The check
+  calls the learner's ``culprit(records)`` on a few fixed hangs (the chapter's own among them) and on fresh
+  ones drawn for each call: a rank that issues an extra collective, one that skips one, one whose collective
+  carries another size, one that leaves the loop early (its record ends at the divergence). Each wrong answer
+  gets a hint naming the usual mistake: the rank whose record stops earliest (an innocent one: it stopped
+  because it was waiting), the last difference instead of the first, the op compared without its size, a
+  record that ended not counted as a difference.
+- :func:`check_mfu`: a published run's MFU from its reported numbers (PaLM 540B, Chowdhery et al. 2022,
+  Appendix B: 46.2 %) and from fresh runs drawn for each call. The hints name the usual mistakes: forward
+  FLOPs only (2Ψ, not 6Ψ), one chip's peak for the whole job's tokens, attention left out, a percentage."""
 
 from __future__ import annotations
 
 import collections
+import math
 import random
 import sys
 
 from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _name, without
-from parlab.lab.job import debug
+from parlab.lab.job import debug, mfu
 
 GRADIENTS = 72  # elements of the gradient all-reduce in the chapter's loop
 
@@ -41,7 +47,8 @@ def reference_culprit(records: list[list[dict]]) -> tuple[int, int]:
 
 def _hang(world: int, culprit: int, at: int, kind: str, rng: random.Random) -> list[list[dict]]:
     """Records of a loop of gradient all-reduces (and an all_gather every third step) in which ``culprit``
-    goes its own way at sequence number ``at``: an extra collective, a skipped one, or another size."""
+    goes its own way at sequence number ``at``: an extra collective, a skipped one, another size, or it leaves
+    the loop early ("ends": its record ends at ``at``, the others' go on; a rank whose data ran out, say)."""
     at = 3 * (at // 3) if kind == "skip" else at  # a skipped op is visible only where the next one differs
     plan = [("gradients", GRADIENTS, "all_reduce") if s % 3 else ("metrics", 4, "all_gather") for s in range(at + 4)]
     out = []
@@ -52,6 +59,8 @@ def _hang(world: int, culprit: int, at: int, kind: str, rng: random.Random) -> l
                 ops.insert(at, ("loss for the log", 1, "all_reduce"))
             elif kind == "skip":  # skips the step's all_gather (rank-dependent logging, say)
                 ops.pop(at)
+            elif kind == "ends":  # leaves the loop before #at: nothing more to record
+                ops = ops[:at]
             else:  # "size": the same op on another size (a batch not divisible, a padded last shard)
                 what, numel, op = ops[at]
                 ops[at] = (what, numel + rng.randint(1, 9), op)
@@ -71,13 +80,19 @@ def _cases(rng: random.Random):
     yield _chapter_hang()
     yield _hang(4, 3, 2, "extra", rng)  # the culprit's record is the longest: "stops earliest" is wrong
     yield _hang(3, 1, 4, "size", rng)  # same op and what, another size
-    for kind in ("extra", "skip", "size", "extra"):
+    yield _hang(4, 2, 5, "ends", rng)  # the culprit's record ends at the divergence: it counts as a difference
+    for kind in ("extra", "skip", "size", "extra", "ends"):
         world = rng.randint(3, 6)
         yield _hang(world, rng.randrange(world), rng.randint(1, 6), kind, rng)
 
 
 def _hint(got, want, records) -> str:
     seq, rank = want
+    ended = [r for r, recs in enumerate(records) if len(recs) == seq]
+    if ended and (not isinstance(got, tuple) or got[:1] != (seq,)):
+        return (f"at #{seq} rank {ended[0]}'s record has ended while the others' go on: it left the loop early. "
+                f"A record that ended counts as a different record, so the records differ at #{seq} (a loop over "
+                f"the shortest record, or over the ranks that still have one, never sees it)")
     same_ops = all(len({(r[s]["op"], r[s]["what"]) if s < len(r) else None for r in records}) == 1
                    for s in range(seq + 1))
     if same_ops and (got is None or got[0] != seq):
@@ -116,3 +131,78 @@ def check_culprit(fn, seed: int | None = None) -> Passed:
             raise ExerciseFailed(f"{_name(fn)} on these records:\n{shown}\nreturned {got!r}, expected {want!r}: "
                                  f"{_hint(got, want, records)}")
     return Passed(f"{_name(fn)} names where the records diverge and who took another path, in {len(cases)} hangs")
+
+
+#: PaLM 540B's reported run (Chowdhery et al. 2022, "PaLM", Appendix B): 238.3K tokens per second for the whole
+#: job on 6144 TPU v4 chips of 275 TFLOP/s peak each; 540.35 B parameters, 118 layers of 48 heads of width 256,
+#: sequences of 2048 tokens. The paper's MFU: 46.2 % (45.7 % without attention's FLOPs).
+PALM_540B = dict(tokens_per_second=238.3e3, params=540.35e9, layers=118, attention_width=48 * 256, seq_len=2048,
+                 chips=6144, peak_flops=275e12)
+_MFU_ARGS = tuple(PALM_540B)
+
+
+def reference_mfu(tokens_per_second, params, layers, attention_width, seq_len, chips, peak_flops) -> float:
+    """MFU as a fraction: the model's FLOPs per token (6Ψ, plus attention's 12·L·H·Q·T, PaLM's convention)
+    times the job's tokens per second, over the peak of all its chips."""
+    per_token = 6 * params + 12 * layers * attention_width * seq_len
+    return per_token * tokens_per_second / (chips * peak_flops)
+
+
+def _mfu_cases(rng: random.Random):
+    yield dict(PALM_540B)
+    for _ in range(3):  # fresh runs: long sequences, so that attention's share is large enough to see
+        layers = rng.randint(16, 96)
+        width = 128 * rng.randint(16, 128)
+        yield dict(tokens_per_second=rng.uniform(2e3, 5e5), params=12 * layers * width**2 * rng.uniform(1.0, 1.2),
+                   layers=layers, attention_width=width, seq_len=2 ** rng.randint(13, 17),
+                   chips=rng.choice([8, 64, 512, 2048, 16384]), peak_flops=rng.choice([312e12, 989e12, 2250e12]))
+
+
+def _mfu_mistakes(case) -> dict:
+    """What the usual mistakes return on ``case``, each with its hint."""
+    n, t = case["params"], case["tokens_per_second"]
+    attention = 12 * case["layers"] * case["attention_width"] * case["seq_len"]
+    all_chips = case["chips"] * case["peak_flops"]
+    want = reference_mfu(*case.values())
+    return {
+        "forward only": ([(2 * n + attention / 3) * t / all_chips, (2 * n + attention) * t / all_chips],
+                         "you counted the forward's FLOPs only (2Ψ per token). Backward costs twice the forward "
+                         "(a product for the input's gradient and one for the weight's): 6Ψ per token, and "
+                         "attention's 12·L·H·Q·T covers both passes too"),
+        "one chip": ([want * case["chips"]],
+                     f"you divided by one chip's peak. The tokens per second are the whole job's: divide by all "
+                     f"{case['chips']:,} chips' peak"),
+        "chips twice": ([want / case["chips"]],
+                        "you divided by the chips twice: the tokens per second are already the whole job's"),
+        "no attention": ([6 * n * t / all_chips],
+                         "you left out attention: its two products per layer cost 12·L·H·Q·T FLOPs per token "
+                         "(forward and backward), which 6Ψ does not count"),
+        "percent": ([100 * want], "return a fraction (0.46), not a percentage (46)"),
+    }
+
+
+def check_mfu(fn, seed: int | None = None) -> Passed:
+    """Chapter 09's exercise: ``fn(tokens_per_second, params, layers, attention_width, seq_len, chips,
+    peak_flops)`` → the run's MFU as a fraction, called positionally, on PaLM 540B's reported run (46.2 %)
+    and on fresh ones."""
+    if not callable(fn):
+        raise TypeError(f"fn must be the function you wrote; got {type(fn).__name__}")
+    cases = list(_mfu_cases(random.Random(seed)))
+    assert round(100 * reference_mfu(*cases[0].values()), 1) == 46.2  # the paper's number, from its own inputs
+    why = "this exercise asks you to do the arithmetic yourself; the chapter's own functions are refused"
+    for case in cases:
+        want = reference_mfu(*case.values())
+        with without(mfu, ["utilization", "narayanan_flops"], why), \
+                without(sys.modules[__name__], ["reference_mfu"], why):
+            got = _call(fn, *case.values())
+        shown = ", ".join(f"{k}={v:,.6g}" for k, v in case.items())
+        if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
+            raise ExerciseFailed(f"{_name(fn)}({shown}) returned {got!r:.60}: return a number, the MFU as a fraction")
+        if math.isclose(got, want, rel_tol=1e-6):
+            continue
+        hint = next((h for values, h in _mfu_mistakes(case).values()
+                     if any(math.isclose(got, v, rel_tol=1e-6) for v in values)),
+                    "MFU is the model's FLOPs per second over the peak of every chip the job ran on")
+        raise ExerciseFailed(f"{_name(fn)}({shown}) returned {got:.6g}, expected {want:.6g}: {hint}")
+    return Passed(f"{_name(fn)} gives PaLM 540B's reported {reference_mfu(*cases[0].values()):.1%} MFU, and "
+                  f"{len(cases) - 1} fresh runs'")

@@ -42,7 +42,8 @@ from parlab.lab.measure import Timeline, measure_memory, peak_memory
 def straggler(slow_rank: int = 1, delay: float = 0.3, steps: int = 3, size: int = 128, trace_dir=None) -> dict:
     """On each rank: ``steps`` × (load a batch, compute, all-reduce); ``slow_rank`` takes ``delay`` seconds
     more to load each batch (a slow disk, a busy data worker). Returns the timeline's events and the
-    profiler's top operators by self CPU time."""
+    profiler's top operators by self CPU time. Chapter 09, section 5: every other rank waits ``delay`` in each
+    all-reduce, and the straggler is the rank that waits least."""
     rank, device = dist.get_rank(), runtime.device()
     a, grad = torch.randn(size, size, device=device), torch.zeros(2**16, device=device)
     timeline = Timeline()  # in GPU mode it synchronises at each span's end: the work's end, not its queueing

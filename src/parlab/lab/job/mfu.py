@@ -1,5 +1,10 @@
 """How much of the machine a step used: FLOPs counted, FLOPs by formula, MFU and HFU (chapter 09).
 
+Chapter 09's section 5 runs ``FlopCounterMode`` in a cell the learner reads, forward and backward apart, and
+does the step-time arithmetic there: MFU = (FLOPs / step time) / peak FLOP/s. What is here serves that cell
+(:func:`step_seconds`, :func:`matmul_peak`) and its Under the hood (:func:`count_flops`, :func:`narayanan_flops`,
+:func:`utilization`).
+
 - :func:`count_flops` runs a function under ``torch.utils.flop_counter.FlopCounterMode`` and returns the
   FLOPs of every matrix product it saw (2·m·n·k each; backward counted too). It counts only the operators
   it has a formula for: a fused attention kernel it does not know (the CPU's flash attention) counts 0.

@@ -441,10 +441,10 @@ def test_a_learner_may_rename_parameters_the_checks_call_by_position():
 
     max_params = solutions("01")["solution_max_params"]
 
-    def most_params(memory_gb, gpus, zero, k_bytes=12):  # a chapter's own loop over its cases
-        return max_params(memory_gb, gpus, zero, k_bytes)
+    def most_params(memory_gb, gpus, zero, k_bytes=12, gradient_bytes=2):  # a chapter's own loop over its cases
+        return max_params(memory_gb, gpus, zero, k_bytes, gradient_bytes)
 
-    def sharding_forgotten(memory_gb, gpus, zero, k_bytes=12):
+    def sharding_forgotten(memory_gb, gpus, zero, k_bytes=12, gradient_bytes=2):
         return max_params_forgets_sharding(memory_gb, gpus, zero, k_bytes)
 
     assert "agrees" in repr(check_max_params(most_params))

@@ -33,7 +33,7 @@ RESTORE_RNG = 'self.sampler.set_state(state["rng"])'
 
 
 def chapter_files() -> dict[str, str]:
-    """``{"train.py": ..., "job.json": ...}``: the chapter's ``%%writefile`` cells, ``-a`` parts appended in order."""
+    """``{"train.py": ..., "job.json": ..., "data.json": ...}``: the chapter's ``%%writefile`` cells, ``-a`` parts appended in order."""
     files: dict[str, str] = {}
     for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
         first, _, body = cell.source.partition("\n")
@@ -41,7 +41,7 @@ def chapter_files() -> dict[str, str]:
         if cell.cell_type == "code" and match:
             name = match.group(2)
             files[name] = (files.get(name, "") + "\n" if match.group(1) else "") + body + "\n"
-    assert set(files) == {"train.py", "job.json"}, set(files)
+    assert set(files) == {"train.py", "job.json", "data.json"}, set(files)
     return files
 
 
@@ -64,6 +64,8 @@ def _folder(root: Path, arch: str, replace: dict | None = None) -> Path:
     folder = root / arch
     folder.mkdir()
     for name, text in chapter_files().items():
+        if name == "data.json":  # make_data.py's job file: this folder's rows are made below
+            continue
         for line, new in (replace or {}).items():
             assert name != "train.py" or line in text, f"the plant's line is not in train.py: {line}"
             text = text.replace(line, new)
@@ -206,3 +208,54 @@ def test_the_script_writes_the_course_device_rule_out(gpus, monkeypatch):
             assert (namespace["device"], namespace["backend"]) == (mode.device, mode.backend if mode.gpu else "gloo")
             if not mode.gpu:
                 assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_make_data_copied_alone_writes_the_chapters_rows_and_stops_on_a_missing_key(tmp_path):
+    """``make_data.py``, the chapter's data script, copied alone and run from another folder: its paths are
+    relative to its job file, its rows are ``parlab.lab.job.data``'s, its tokenizer folder loads with
+    ``AutoTokenizer``, it imports nothing of the course, and a job file without a key stops it by name."""
+    import ast
+
+    from transformers import AutoTokenizer
+
+    from parlab.lab.job import data, make_data
+
+    assert set(json.loads(chapter_files()["data.json"])) == make_data.KEYS  # the chapter's job file, whole
+    script = Path(make_data.__file__).read_text()
+    imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(script)) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(ast.parse(script)) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"json", "os", "sys", "torch", "tokenizers"}, imported
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "make_data.py").write_text(script)
+    texts = ["a short text", "another one, a little longer", "the third paragraph\nhas two lines", "x"]
+    (folder / "corpus.txt").write_text("\n\n".join(texts) + "\n")
+    job = {"text": "corpus.txt", "out": "rows.pt", "tokenizer": "tokenizer", "vocab_size": 270, "seq_len": 16,
+           "rows": 3}
+    (folder / "data.json").write_text(json.dumps(job))
+    done = subprocess.run([sys.executable, str(folder / "make_data.py"), str(folder / "data.json")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-1000:]
+    rows = torch.load(folder / "rows.pt")
+    tokenizer = data.train_tokenizer(texts, vocab_size=270)
+    expected = data.token_rows(tokenizer, texts, rows=3, seq_len=16)
+    assert sorted(rows) == ["input_ids", "labels"]
+    for key in expected:
+        assert rows[key].dtype == torch.long and rows[key].shape == (3, 16)
+        assert torch.equal(rows[key], expected[key]), key
+    assert ((rows["labels"] == -100) == (rows["input_ids"] == 0)).all() and (rows["labels"] == -100).any()
+    loaded = AutoTokenizer.from_pretrained(folder / "tokenizer")
+    assert loaded.pad_token_id == 0 and loaded("a short text")["input_ids"] == tokenizer.encode("a short text").ids
+    del job["rows"]
+    (folder / "data.json").write_text(json.dumps(job))
+    done = subprocess.run([sys.executable, str(folder / "make_data.py"), str(folder / "data.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "lacks ['rows']" in done.stderr, done.stderr[-1000:]
+
+
+def test_the_chapter_writes_the_course_paragraphs_as_make_data_reads_them():
+    from parlab.lab.job import data, make_data
+
+    paragraphs = data.course_paragraphs()
+    assert make_data.paragraphs("\n\n".join(paragraphs)) == paragraphs  # the corpus file gives back the same rows

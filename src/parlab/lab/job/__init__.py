@@ -2,7 +2,9 @@
 
 - ``train_fsdp.py``  the plain FSDP2 script (torch and transformers only): ``main`` for torchrun, ``train``
                      for any initialised group, ``save``/``load`` with ``torch.distributed.checkpoint``;
-- ``data.py``        a byte-level BPE tokenizer trained on the course's notebooks, and padded rows of its text;
+- ``make_data.py``   the standalone data script (``python make_data.py data.json``): a byte-level BPE tokenizer
+                     trained offline on a text file, and padded rows of its paragraphs, the jobs' data format;
+- ``data.py``        the course's notebooks as that text (``make_data``'s functions, re-exported);
 - ``reference.py``   the same jobs in one process (``one_process``; ``script_job`` for the chapter's
                      ``train.py``), what every run must reproduce;
 - ``torchrun.py``    run a script or module under ``torchrun --standalone`` from a cell;

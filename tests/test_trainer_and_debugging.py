@@ -20,7 +20,7 @@ import torch
 from torch.testing import assert_close
 
 import parlab
-from parlab.lab.job import debug, hf, train_fsdp
+from parlab.lab.job import debug, hf
 
 matplotlib.use("Agg")
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "09_trainer_and_debugging.ipynb"
@@ -62,7 +62,8 @@ def _folder(folder: Path, arch: str) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **ARCHITECTURES[arch])).save_pretrained(folder / "model")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **ARCHITECTURES[arch]))
+    model.save_pretrained(folder / "model")
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(128, (96, 32), generator=g)
     labels = input_ids.clone()
@@ -145,8 +146,8 @@ def test_trainer_py_resumes_equal_to_the_run_that_never_stopped_for_six_architec
     runs, folders = [], {}
     for arch in ARCHITECTURES:
         f = folders[arch] = _folder(tmp_path / arch, arch)
-        runs += [(script, _write_job(f, "half", out="resumed", steps=2)), (script, _write_job(f, "rest", out="resumed")),
-                 (script, _write_job(f, "whole", out="whole"))]
+        runs += [(script, _write_job(f, "half", out="resumed", steps=2)),
+                 (script, _write_job(f, "rest", out="resumed")), (script, _write_job(f, "whole", out="whole"))]
     f = folders["gpt_neox"]
     for plant in ("load_planted", "both_planted"):
         runs += [(tmp_path / f"{plant}.py", _write_job(f, f"{plant}-half", out=plant, steps=2)),

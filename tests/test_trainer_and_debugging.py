@@ -1,4 +1,6 @@
-"""Chapter 09: the accelerate script's guard against the CPU trap, the records of a collective only rank 0
+"""Chapter 09: the Trainer and accelerate scripts as the page writes them (any causal LM, resumed equal to the
+run that never stopped, an export ``from_pretrained`` loads, copied alone into an empty folder), the accelerate
+script's guard against the CPU trap, the records of a collective only rank 0
 calls and where they diverge, the step's peak memory when ``measure_memory`` resets CUDA's statistic, and
 the chapter's pictures (a launch tree, the ranks' records, memory over a step)."""
 
@@ -6,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +17,10 @@ import matplotlib
 import nbformat
 import pytest
 import torch
+from torch.testing import assert_close
 
 import parlab
-from parlab.lab.job import debug, train_fsdp
+from parlab.lab.job import debug, hf
 
 matplotlib.use("Agg")
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "09_trainer_and_debugging.ipynb"
@@ -33,25 +37,203 @@ def _script(name: str) -> str:
     return text
 
 
+_SMALL = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+              intermediate_size=64, max_position_embeddings=64)
+#: Tiny causal LMs of six architectures, built from configs (nothing fetched). GPT-NeoX writes its output
+#: layer ``lm_head`` into a checkpoint as ``embed_out``; OPT and Phi have biases and other norms.
+ARCHITECTURES = {
+    "gpt2": dict(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                 attn_pdrop=0.0),
+    "llama": _SMALL,
+    "gpt_neox": dict(_SMALL, hidden_dropout=0.0, attention_dropout=0.0),
+    "opt": dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, ffn_dim=64,
+                max_position_embeddings=64, word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0),
+    "qwen2": _SMALL,
+    "phi": dict(_SMALL, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+}
+JOB = dict(pretrained="model", data="rows.pt", out="out", steps=4, save_every=1, global_batch=24, accumulation=2,
+           lr=0.3, momentum=0.9, max_grad_norm=0.5, processes=2)
+
+
+def _folder(folder: Path, arch: str) -> Path:
+    """A job's folder as a download and ``make_data.py`` would leave it: ``model/`` (a tiny ``arch`` from its
+    config) and ``rows.pt`` (chapter 08's dict, rows padded at unequal lengths, labels -100 there)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **ARCHITECTURES[arch]))
+    model.save_pretrained(folder / "model")
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(128, (96, 32), generator=g)
+    labels = input_ids.clone()
+    for row, end in enumerate(torch.randint(16, 33, (96,), generator=g).tolist()):
+        labels[row, end:] = -100
+    torch.save({"input_ids": input_ids, "labels": labels}, folder / "rows.pt")
+    return folder
+
+
+def _write_job(folder: Path, name: str, **changes) -> str:
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(dict(JOB, **changes)))
+    return str(path)
+
+
+def _final(folder: Path) -> dict:
+    """The exported folder, loaded as anyone would load it."""
+    from transformers import AutoModelForCausalLM
+
+    return dict(AutoModelForCausalLM.from_pretrained(folder).named_parameters())
+
+
+def _same(a: dict, b: dict, label: str):
+    assert a.keys() == b.keys(), label
+    for name in a:
+        assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{label}, {name}: {m}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_IN_ONE_PROCESS = """
+import json, os, runpy, sys
+def _exit(code=0):
+    raise SystemExit(code)
+os._exit = _exit  # the scripts end with os._exit: here, the next job runs in this process
+results = {}
+for script, job in json.loads(sys.argv[1]):
+    sys.argv = [script, job]
+    try:
+        runpy.run_path(script, run_name="__main__")
+        results[job] = "ok"
+    except SystemExit as e:
+        results[job] = "ok" if e.code in (0, None) else f"exit: {e.code}"
+    except Exception as e:
+        results[job] = f"{type(e).__name__}: {e}"
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def _in_one_process(runs: list[tuple[Path, str]]) -> dict:
+    """Run each (script, job file) as ``torchrun --nproc-per-node 1`` would, one after another in one process (a
+    rank's environment, gloo): the imports once, not once per run. What each run ended with."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+               LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    done = subprocess.run([sys.executable, "-c", _IN_ONE_PROCESS, json.dumps([[str(s), j] for s, j in runs])],
+                          capture_output=True, text=True, env=env, timeout=900)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULTS ")), None)
+    assert line, done.stderr[-3000:]
+    return json.loads(line[len("RESULTS "):])
+
+
+@pytest.mark.slow
+def test_trainer_py_resumes_equal_to_the_run_that_never_stopped_for_six_architectures(tmp_path):
+    """The Trainer's own resume loads a checkpoint's file without renaming its keys: GPT-NeoX's ``embed_out``
+    never reaches ``lm_head``. The script loads the weights with from_pretrained and checks them after the
+    Trainer's resume. Planted: weights from the job's model folder (the check refuses), and that without the
+    check (the resumed run drifts from the one that never stopped: what the check is there for)."""
+    script = tmp_path / "trainer.py"
+    script.write_text(_script("trainer.py"))
+    text = script.read_text()
+    fix = 'from_pretrained(latest or path["pretrained"],'  # the weights from the checkpoint, renamed
+    assert fix in text and "callbacks=[SameAsCheckpoint()]" in text
+    (tmp_path / "load_planted.py").write_text(text.replace(fix, 'from_pretrained(path["pretrained"],'))
+    (tmp_path / "both_planted.py").write_text(text.replace(fix, 'from_pretrained(path["pretrained"],')
+                                              .replace("callbacks=[SameAsCheckpoint()]", "callbacks=[]"))
+    runs, folders = [], {}
+    for arch in ARCHITECTURES:
+        f = folders[arch] = _folder(tmp_path / arch, arch)
+        runs += [(script, _write_job(f, "half", out="resumed", steps=2)),
+                 (script, _write_job(f, "rest", out="resumed")), (script, _write_job(f, "whole", out="whole"))]
+    f = folders["gpt_neox"]
+    for plant in ("load_planted", "both_planted"):
+        runs += [(tmp_path / f"{plant}.py", _write_job(f, f"{plant}-half", out=plant, steps=2)),
+                 (tmp_path / f"{plant}.py", _write_job(f, f"{plant}-rest", out=plant))]
+    (tmp_path / "accel.py").write_text(_script("accel.py"))
+    for name, lacking in (("trainer", "lr"), ("accel", "processes")):
+        (f / f"lacking-{name}.json").write_text(json.dumps({k: v for k, v in JOB.items() if k != lacking}))
+        runs.append((tmp_path / f"{name}.py", str(f / f"lacking-{name}.json")))
+    results = _in_one_process(runs)
+    for arch, f in folders.items():
+        for name in ("half", "rest", "whole"):
+            assert results[str(f / f"{name}.json")] == "ok", (arch, name, results[str(f / f"{name}.json")])
+        resumed, whole = (json.loads((f / out / "run.json").read_text()) for out in ("resumed", "whole"))
+        assert resumed["resumed_from"] == "checkpoint-2" and whole["resumed_from"] is None
+        assert_close(torch.tensor(resumed["losses"]), torch.tensor(whole["losses"]), rtol=1e-5, atol=1e-6)
+        _same(_final(f / "resumed" / "final"), _final(f / "whole" / "final"), arch)
+    f = folders["gpt_neox"]
+    assert results[str(f / "load_planted-half.json")] == "ok"
+    assert results[str(f / "load_planted-rest.json")].startswith("RuntimeError: refusing to resume: lm_head.weight")
+    assert results[str(f / "both_planted-rest.json")] == "ok"
+    with pytest.raises(AssertionError, match="lm_head.weight|embed_in"):
+        _same(_final(f / "both_planted" / "final"), _final(f / "whole" / "final"), "planted")
+    for name, lacking in (("trainer", "lr"), ("accel", "processes")):  # a missing key stops a script by name
+        assert results[str(f / f"lacking-{name}.json")] == f"exit: {f / f'lacking-{name}.json'} lacks ['{lacking}']"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_leftover_ranks")
+def test_the_chapters_scripts_copied_alone_train_resume_and_export_for_two_architectures(tmp_path):
+    """trainer.py and accel.py as the chapter writes them, alone in an empty folder, with the chapter's job files,
+    launched from another folder: 2 ranks each, GPT-NeoX stopped halfway and resumed, Qwen2 straight through;
+    every run equals one process, and every export loads with from_pretrained."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    for name in ("trainer.py", "accel.py"):
+        (scripts / name).write_text(_script(name))
+    page_jobs = {name: json.loads(_script(name)) for name in ("trainer.json", "accel.json")}
+    assert set(page_jobs["accel.json"]) == set(page_jobs["trainer.json"]) | {"processes"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+
+    def launch(script, job_file):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               str(scripts / script), job_file], cwd=elsewhere, capture_output=True, text=True,
+                              env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    for arch, stop in (("gpt_neox", 2), ("qwen2", None)):
+        f = _folder(tmp_path / arch, arch)
+        for script, page in (("trainer.py", "trainer.json"), ("accel.py", "accel.json")):
+            out = script[:-3]
+            job = dict(page_jobs[page], out=out)
+            if stop:
+                (f / f"{out}-half.json").write_text(json.dumps(dict(job, steps=stop)))
+                launch(script, str(f / f"{out}-half.json"))
+            (f / f"{out}.json").write_text(json.dumps(job))
+            printed = launch(script, str(f / f"{out}.json"))
+        reference = hf.reference_job(str(f / "trainer.json"))
+        trainer = json.loads((f / "trainer" / "run.json").read_text())
+        accel = [json.loads(line)["loss"] for line in printed.splitlines() if line.startswith('{"step"')]
+        assert trainer["wrapped"] == "DistributedDataParallel"  # fsdp=True, on CPU ranks
+        assert trainer["resumed_from"] == (f"checkpoint-{stop}" if stop else None)
+        assert_close(torch.tensor(trainer["losses"]), torch.tensor(reference["losses"]), rtol=1e-5, atol=1e-6)
+        assert_close(torch.tensor(accel), torch.tensor(reference["losses"][stop or 0:]), rtol=1e-5, atol=1e-6)
+        for out in ("trainer", "accel"):
+            _same(_final(f / out / "final"), reference["params"], f"{arch}, {out}.py")
+    assert sorted(os.listdir(scripts)) == ["accel.py", "trainer.py"] and not os.listdir(elsewhere)
+
+
 @pytest.mark.slow
 def test_the_accelerate_script_refuses_one_process_when_the_job_asks_for_two(tmp_path):
     """What `accelerate launch --num_processes 2` starts on a CPU machine: one plain process. The script says
     which distributed type it got and exits before training; at 1 process asked for, it trains."""
-    cfg = dict(train_fsdp.CONFIG, steps=1)
-    train_fsdp.build_model(cfg).save_pretrained(tmp_path / "model")
-    torch.save(train_fsdp.dataset(cfg), tmp_path / "rows.pt")
+    _folder(tmp_path, "gpt2")
     (tmp_path / "accel.py").write_text(_script("accel.py"))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     outcomes = {}
     for asked in (2, 1):
-        job = dict(model=str(tmp_path / "model"), data=str(tmp_path / "rows.pt"), out=str(tmp_path / f"out{asked}"),
-                   steps=1, save_every=1, global_batch=24, accumulation=2, lr=0.3, momentum=0.9, max_grad_norm=0.5,
-                   processes=asked)
-        os.makedirs(job["out"])
-        (tmp_path / "job.json").write_text(json.dumps(job))
-        done = subprocess.run([sys.executable, str(tmp_path / "accel.py"), str(tmp_path / "job.json")],
+        job = _write_job(tmp_path, "job", out=f"out{asked}", steps=1, processes=asked)
+        done = subprocess.run([sys.executable, str(tmp_path / "accel.py"), job],
                               capture_output=True, text=True, env=env, timeout=300)
         outcomes[asked] = done
     refused, trained = outcomes[2], outcomes[1]

@@ -4,6 +4,10 @@
   this rank. Inside ``parlab.launch`` the process group already exists and the Trainer joins it; under
   ``torchrun -m parlab.lab.job.hf`` the Trainer (through accelerate) creates it, as in any script.
 - :func:`accelerate_loop` is the same job as an ``Accelerator(...)``/``prepare`` loop.
+- :func:`reference_job` is what the chapter's ``trainer.py`` and ``accel.py`` must reproduce: their job file in
+  one process, on the whole global batch.
+- :func:`write_job` writes a copy of a page's job file with some keys changed, and :func:`same_model` checks an
+  exported folder against :func:`reference_job`'s weights.
 - :func:`accelerate_fsdp` asks accelerate for FSDP2 and reports what it set up. On CPU ranks it reports
   ``DistributedType.MULTI_CPU`` and a model wrapped in ``DistributedDataParallel``: accelerate (and the
   Trainer, which prepares models through it) quietly falls back to DDP, without a warning. A laptop test of
@@ -93,6 +97,7 @@ def training_arguments(cfg, output_dir, fsdp=False):
         train_sampling_strategy="sequential",  # rows in order, as one process takes them (default: shuffled)
         optim="sgd", optim_args=f"momentum={cfg['momentum']}", learning_rate=cfg["lr"], weight_decay=0.0,
         lr_scheduler_type="constant", max_grad_norm=cfg["max_grad_norm"] or 0.0, seed=0,
+        ddp_find_unused_parameters=False,  # DDP's default here searches every step for unused weights and warns
         logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, remove_unused_columns=False,
         **({"fsdp": True, "fsdp_config": TRAINER_FSDP} if fsdp else {}))
 
@@ -112,6 +117,59 @@ def trainer_job(cfg: dict | None = None, fsdp: bool = False) -> dict:
             "distributed_type": trainer.accelerator.distributed_type.name,
             "wrapped": type(trainer.model_wrapped).__name__,
             "params": params if dist.get_rank() == 0 else None}
+
+
+def reference_job(job_file: str) -> dict:
+    """The chapter's ``trainer.py``/``accel.py`` job in one process: the model folder and the rows that
+    ``job_file`` names (paths relative to it, as the scripts read them), the rows in order, each step's whole
+    global batch at once, its loss the mean over the tokens with a label, clipping, SGD with momentum at a
+    constant learning rate. Losses and final weights."""
+    from transformers import AutoModelForCausalLM
+
+    with open(job_file) as f:
+        job = json.load(f)
+    here = os.path.dirname(os.path.abspath(job_file))
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(here, job["pretrained"]), dtype=torch.float32)
+    model.loss_type = "ForCausalLM"  # (the folder does not keep it)
+    opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    data, batch = torch.load(os.path.join(here, job["data"])), job["global_batch"]
+    if len(data["input_ids"]) < job["steps"] * batch:
+        raise ValueError(f"{job_file}: {job['steps']} steps of {batch} rows need {job['steps'] * batch} rows; "
+                         f"{job['data']} holds {len(data['input_ids'])}")
+    losses = []
+    for step in range(job["steps"]):
+        rows = slice(step * batch, (step + 1) * batch)
+        loss = model(input_ids=data["input_ids"][rows], labels=data["labels"][rows]).loss  # mean over labelled tokens
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), job["max_grad_norm"])
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def write_job(folder: str, name: str, page: str = "trainer.json", **changes) -> str:
+    """``folder/job-<name>.json``: the job file ``folder/page`` with ``changes``, its output ``out-<name>`` (its
+    paths stay relative to the folder, as the scripts read them): as you would edit your own."""
+    with open(os.path.join(folder, page)) as f:
+        job = json.load(f)
+    path = os.path.join(folder, f"job-{name}.json")
+    with open(path, "w") as f:
+        json.dump(dict(job, out=f"out-{name}", **changes), f, indent=1)
+    return path
+
+
+def same_model(folder: str, params: dict, label: str) -> int:
+    """The model folder a script exported loads with ``from_pretrained`` and holds ``params``, every tensor
+    (``assert_close``, its numbers and the tensor's name shown on a failure). Returns how many tensors."""
+    from torch.testing import assert_close
+    from transformers import AutoModelForCausalLM
+
+    loaded = dict(AutoModelForCausalLM.from_pretrained(folder).named_parameters())
+    assert loaded.keys() == params.keys(), f"{label}: {sorted(loaded.keys() ^ params.keys())}"
+    for name, p in loaded.items():
+        assert_close(p, params[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{label}, {name}: {m}")
+    return len(params)
 
 
 def accelerate_loop(cfg: dict | None = None) -> list[float]:

@@ -1719,3 +1719,81 @@ def test_chapter_09_mfu_solution_passes_and_each_usual_mistake_hears_its_name():
     for copy in (borrowed, lambda *args: ch09.reference_mfu(*args)):
         with pytest.raises(ExerciseFailed, match="refused"):
             check_mfu(copy)
+
+def test_chapter_10_received_names_each_plausible_mistake():
+    """10.2: first choices only, tokens instead of assignments, round-robin placement and one count per
+    expert each fail with a hint that names the mistake, at 2 and 3 ranks."""
+    from parlab.course.exercises import check_received
+    from parlab.lab.parallel import expert
+
+    def counts(e, n, cap=None):
+        c = torch.bincount(e.flatten(), minlength=n)
+        return c if cap is None else c.clamp(max=cap)
+
+    def first_choices(e, n, ep, cap):  # column 0 only
+        return [int(counts(e[:, 0], n, cap)[b.start:b.stop].sum()) for b in expert.placement(n, ep)]
+
+    def tokens_not_assignments(e, n, ep, cap):  # a token with both choices on one rank counted once
+        return [sum(bool(((e >= b.start) & (e < b.stop))[t].any()) for t in range(len(e))) for b in expert.placement(n, ep)]
+
+    def round_robin(e, n, ep, cap):  # expert j on rank j mod ep
+        return [int(counts(e, n, cap)[r::ep].sum()) for r in range(ep)]
+
+    def per_expert(e, n, ep, cap):  # E numbers, not ep
+        return counts(e, n, cap).tolist()
+
+    for wrong, named in ((first_choices, "first choices only"), (tokens_not_assignments, "that counts tokens"),
+                         (round_robin, "rank e mod ep"), (per_expert, "one count per expert")):
+        for world_size in (2, 3):
+            with pytest.raises(ExerciseFailed, match=named):
+                check_received(wrong, world_size=world_size)
+
+
+def test_chapter_10_dispatch_plan_solution_passes_and_wrong_plans_fail():
+    """10.3: the solution passes at 2 and 3 ranks (called positionally); each plausible wrong plan fails with
+    a hint that names it; the package's dropless layer is refused."""
+    from parlab.course.exercises import check_dispatch_plan
+    from parlab.lab.parallel import expert
+
+    shown = solutions("10", count=3, __name__="chapter_10_solutions", epx=expert)
+    for world_size in (2, 3):
+        assert "✅" in repr(check_dispatch_plan(shown["solution_dispatch_plan"], world_size=world_size))
+
+    def per_rank(e, n, ep):
+        return [sum(int((e == j).sum()) for j in block) for block in expert.placement(n, ep)]
+
+    wrong = {
+        "as they come, token by token": lambda e, n, ep: (torch.arange(e.numel()), per_rank(e, n, ep)),
+        r"expert.t\(\).flatten\(\), choice by choice": lambda e, n, ep: (e.t().flatten().argsort(stable=True),
+                                                                      per_rank(e, n, ep)),
+        "token indices": lambda e, n, ep: (e.flatten().argsort(stable=True) // e.shape[1], per_rank(e, n, ep)),
+        "from last to first": lambda e, n, ep: (e.flatten().argsort(descending=True), per_rank(e, n, ep)),
+        "one per expert": lambda e, n, ep: (e.flatten().argsort(), torch.bincount(e.flatten(), minlength=n).tolist()),
+        "e mod ep": lambda e, n, ep: (e.flatten().argsort(),
+                                      [int(torch.bincount(e.flatten(), minlength=n)[r::ep].sum()) for r in range(ep)]),
+        "counts tokens": lambda e, n, ep: (e.flatten().argsort(), [sum(bool(((e >= b.start) & (e < b.stop))[t].any())
+                                                                       for t in range(len(e)))
+                                                                   for b in expert.placement(n, ep)]),
+        "adds up to the .* tokens": lambda e, n, ep: (e[:, 0].argsort(), per_rank(e[:, :1], n, ep)),
+        "not written yet": lambda e, n, ep: (_ for _ in ()).throw(NotImplementedError),
+    }
+    for named, plan in wrong.items():
+        with pytest.raises(ExerciseFailed, match=named):
+            check_dispatch_plan(plan)
+
+    def within_rank_unsorted(e, n, ep):  # each rank's rows together, its experts' rows interleaved
+        flat, order = e.flatten(), e.flatten().argsort(stable=True)
+        rank_of = torch.tensor([r for r, b in enumerate(expert.placement(n, ep)) for _ in b])
+        return order[(rank_of[flat[order]] * 1000 - torch.arange(len(order))).argsort()], per_rank(e, n, ep)
+
+    with pytest.raises(ExerciseFailed, match="not sorted by expert within it"):
+        check_dispatch_plan(within_rank_unsorted)
+
+    from parlab.lab.parallel.expert_practice import DroplessExpertParallelMoE
+
+    def borrowed(e, n, ep):
+        DroplessExpertParallelMoE.forward(None, None)
+        return None
+
+    with pytest.raises(ExerciseFailed, match="forward is the package's answer"):
+        check_dispatch_plan(borrowed)

@@ -18,7 +18,7 @@
 - ``ch07``: :func:`check_group_ranks`, :func:`check_model_states`, :func:`check_layout_choice`.
 - ``ch08``: :func:`check_sharded_training`.
 - ``ch09``: :func:`check_culprit`, :func:`check_mfu`.
-- ``ch10``: :func:`check_online_softmax_combine`, :func:`check_received`.
+- ``ch10``: :func:`check_online_softmax_combine`, :func:`check_received`, :func:`check_dispatch_plan`.
 
 Each check passes the reference answer and fails a planted wrong one with a precise message
 (``tests/test_exercises.py``). The chapters do not contain the answers; their solutions sit in collapsed
@@ -41,7 +41,7 @@ _WHERE = {name: module for module, names in {
     "ch07": ["check_group_ranks", "check_layout_choice", "check_model_states"],
     "ch08": ["check_sharded_training"],
     "ch09": ["check_culprit", "check_mfu"],
-    "ch10": ["check_online_softmax_combine", "check_received"],
+    "ch10": ["check_dispatch_plan", "check_online_softmax_combine", "check_received"],
     "core": ["ExerciseFailed", "Passed", "check_choice", "check_function", "check_ranks", "first_difference",
              "ANSWERS", "refusing", "refused_answers", "without", "record_group"],
 }.items() for name in names}
@@ -63,4 +63,5 @@ __all__ = ["ExerciseFailed", "Passed", "check_function", "check_ranks", "first_d
            "check_tp_collectives", "check_sp_costs", "check_one_f_one_b_order",
            "check_smallest_micro_batches", "check_peak_activations", "check_message_cost",
            "check_interleave_tradeoff", "check_group_ranks", "check_model_states", "check_layout_choice",
-           "check_sharded_training", "check_culprit", "check_mfu", "check_online_softmax_combine", "check_received"]
+           "check_sharded_training", "check_culprit", "check_mfu", "check_online_softmax_combine", "check_received",
+           "check_dispatch_plan"]

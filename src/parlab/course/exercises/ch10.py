@@ -1,5 +1,6 @@
 """Chapter 10's exercises: the online-softmax rule, run inside the ring on N ranks against full attention;
-and how many token slots each rank's experts receive from one rank, under top-k routing with a capacity."""
+how many token slots each rank's experts receive from one rank, under top-k routing with a capacity; and a
+dropless layer's dispatch plan (the order of the rows and the split sizes), sent by ``all_to_all_single``."""
 
 from __future__ import annotations
 
@@ -119,16 +120,40 @@ def _counts_on_rank(fn):
     got = [int(x) for x in got] if isinstance(got, (list, tuple, torch.Tensor)) else got
     if got == want:
         return {"problem": None}
-    before = torch.bincount(routing.expert.flatten(), minlength=EXPERTS)
-    ignored = [int(before[p.start:p.stop].sum()) for p in epx.placement(EXPERTS, n)]
-    per_rank = [[min(c, CAPACITY), min(c, CAPACITY * len(p))] for c, p in zip(ignored, epx.placement(EXPERTS, n))]
-    hint = ""
-    if got == ignored:
-        hint = " (that counts dropped tokens too: an expert keeps at most capacity of them)"
-    elif got in ([a for a, _ in per_rank], [b for _, b in per_rank]):
-        hint = (" (that caps each rank's total: the capacity is per expert; cap each expert's count at "
-                "capacity, then add up the experts a rank holds)")
+    hint = next((why for wrong, why in _received_mistakes(routing.expert, n) if got == wrong), "")
     return {"problem": f"expected {want} slots per rank, got {got}{hint}"}
+
+
+def _received_mistakes(expert, n):
+    """(answer, why) of the plausible mistakes, in the order they are told apart."""
+    from parlab.lab.parallel import expert as epx
+
+    place = epx.placement(EXPERTS, n)
+
+    def per_rank(counts, blocks=place, cap=CAPACITY):
+        return [int(counts[list(b)].clamp(max=cap).sum()) for b in blocks]
+
+    counts = torch.bincount(expert.flatten(), minlength=EXPERTS)
+    whole = [int(counts[p.start:p.stop].sum()) for p in place]
+    tokens = [sum(bool(((expert >= p.start) & (expert < p.stop))[t].any()) for t in range(len(expert)))
+              for p in place]
+    spread = [range(r, EXPERTS, n) for r in range(n)]  # expert e on rank e mod ep
+    cap_rank = " (that caps each rank's total: the capacity is per expert; cap each expert's count at " \
+               "capacity, then add up the experts a rank holds)"
+    return [
+        (whole, " (that counts dropped tokens too: an expert keeps at most capacity of them)"),
+        ([min(c, CAPACITY) for c in whole], cap_rank),
+        ([min(c, CAPACITY * len(p)) for c, p in zip(whole, place)], cap_rank),
+        (per_rank(torch.bincount(expert[:, 0], minlength=EXPERTS)),
+         " (that counts first choices only, column 0: each token makes k assignments, one per column)"),
+        *((answer, " (that counts tokens: a token whose k choices land on one rank fills k slots there; count "
+                   "assignments, each expert's capped at capacity)")
+          for answer in (tokens, [min(c, CAPACITY * len(p)) for c, p in zip(tokens, place)])),
+        (per_rank(counts, spread),
+         " (that places expert e on rank e mod ep: the experts sit in contiguous blocks, epx.placement)"),
+        (counts.clamp(max=CAPACITY).tolist(),
+         " (one count per expert: add up the experts each rank holds, one number per rank)"),
+    ]
 
 
 def check_received(fn, world_size: int = 2) -> Passed:
@@ -143,3 +168,143 @@ def check_received(fn, world_size: int = 2) -> Passed:
         if res["problem"]:
             raise ExerciseFailed(f"{getattr(fn, '__name__', fn)} on rank {rank} of {world_size}: {res['problem']}")
     return Passed(f"{getattr(fn, '__name__', fn)} counts every rank's slots right on {world_size} ranks")
+
+
+# -- 3. the dropless dispatch: what all_to_all_single sends where -------------------------------------
+
+OWN_PLAN = "sort the assignments and count each rank's rows yourself, from expert"
+
+
+def _plan_problem(got, expert, place, n):
+    """Why (order, send) would not send each assignment's row to its expert's rank, grouped by expert."""
+    tokens, k = expert.shape
+    flat = expert.flatten()  # assignment a: token a // k, choice a % k
+    rank_of = torch.tensor([r for r, block in enumerate(place) for _ in block])
+    want = torch.bincount(rank_of[flat], minlength=n).tolist()
+    if not (isinstance(got, tuple) and len(got) == 2):
+        return f"returned {type(got).__name__}; return the tuple (order, send)"
+    order, send = got
+    order = torch.as_tensor(order).flatten().long()
+    send = [int(x) for x in send] if isinstance(send, (list, tuple, torch.Tensor)) else send
+    if not isinstance(send, list):
+        return f"send is {type(send).__name__}; return one row count per rank, a list of {n} ints"
+    if len(send) == EXPERTS != n:
+        return (f"send has {EXPERTS} entries, one per expert: all_to_all_single takes one split per rank; add up "
+                f"the experts each rank holds ({n} entries)")
+    if len(send) != n:
+        return f"send has {len(send)} entries; all_to_all_single takes one split per rank: {n}"
+    if send != want:
+        counts = torch.bincount(flat, minlength=EXPERTS)
+        if sum(send) == tokens:
+            return (f"send {send} adds up to the {tokens} tokens: every token sends one row per choice, "
+                    f"{tokens * k} in all (expected {want})")
+        if send == [sum(bool(((expert >= b.start) & (expert < b.stop))[t].any()) for t in range(tokens)) for b in place]:
+            return (f"send {send} counts tokens: a token whose k choices land on one rank sends k rows there, one "
+                    f"per assignment (expected {want})")
+        if send == [int(counts[r::n].sum()) for r in range(n)]:
+            return (f"send {send} places expert e on rank e mod ep: the experts sit in contiguous blocks, "
+                    f"epx.placement (expected {want})")
+        return f"send should be {want} rows per rank, got {send}"
+    if order.numel() == tokens:
+        return (f"order has {tokens} entries, one per token: it needs {tokens * k}, one per assignment "
+                f"(a token sends a row to each of its k experts)")
+    if order.numel() == flat.numel() and torch.equal(order.sort().values, torch.arange(flat.numel()) // k):
+        return ("order holds token indices (a // k): return the assignments a themselves, so that each row's "
+                "expert is known; the token is a // k")
+    if order.numel() != flat.numel() or not torch.equal(order.sort().values, torch.arange(flat.numel())):
+        return f"order must hold each assignment 0 … {flat.numel() - 1} once (T·k = {tokens}·{k}), got {order.tolist()}"
+    if bool((flat[order].diff() >= 0).all()):
+        return None
+    if bool((expert.t().flatten()[order].diff() >= 0).all()):
+        return ("order indexes expert.t().flatten(), choice by choice: index expert.flatten(), where assignment a "
+                "is token a // k's choice a % k")
+    if torch.equal(order, torch.arange(flat.numel())):
+        return ("order is the assignments as they come, token by token: sort them by expert, so that each rank's "
+                "rows are consecutive and all_to_all_single's splits cut them right")
+    if bool((flat[order].diff() <= 0).all()):
+        return "order sorts the experts from last to first: the first send[0] rows go to rank 0, so ascending"
+    if bool((rank_of[flat[order]].diff() >= 0).all()):
+        return ("each rank's rows are together, but not sorted by expert within it: the receiving rank cuts its "
+                "rows into experts by their counts")
+    return "order does not sort the assignments by expert: flat[order] must never decrease"
+
+
+def _routed(rank):
+    """Rank ``rank``'s (T, k) expert choices; ranks hold different numbers of tokens, so every split differs."""
+    g = torch.Generator().manual_seed(40 + rank)
+    tokens = 10 + 3 * rank
+    return (torch.randn(tokens, EXPERTS, generator=g) + torch.linspace(0, 2, EXPERTS)).topk(TOP_K, dim=-1).indices
+
+
+def _plan_of(fn, rank, n):
+    """(plan, problem) of ``fn`` on rank ``rank``'s routing, refused the package's answer."""
+    from parlab.lab.parallel import expert as epx
+
+    expert = _routed(rank)
+    try:
+        with refusing("ch10.3", OWN_PLAN):
+            got = fn(expert.clone(), EXPERTS, n)
+        return got, _plan_problem(got, expert, epx.placement(EXPERTS, n), n)
+    except NotImplementedError:
+        return None, "dispatch_plan is not written yet (it raises NotImplementedError)"
+    except ExerciseFailed as refused:
+        return None, str(refused)
+
+
+def _dispatch_on_rank(fn):
+    from parlab.lab.parallel import expert as epx
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    expert, place = _routed(r), epx.placement(EXPERTS, n)
+    got, problem = _plan_of(fn, r, n)
+    fine = torch.tensor([problem is None], dtype=torch.int64)
+    dist.all_reduce(fine, op=dist.ReduceOp.MIN)  # every rank sends, or none: a bad plan must not hang the others
+    if not fine.item():
+        return {"problem": problem}
+    order, send = torch.as_tensor(got[0]).flatten().long(), [int(x) for x in got[1]]
+    recv = torch.empty(n, dtype=torch.int64)
+    dist.all_to_all_single(recv, torch.tensor(send, dtype=torch.int64))  # how many rows come from each rank
+    rows = torch.stack([torch.full_like(order, r), order // TOP_K, expert.flatten()[order]], 1)  # (rank, token, e)
+    arrived = rows.new_empty(int(recv.sum()), 3)
+    dist.all_to_all_single(arrived, rows, recv.tolist(), send)
+    mine = place[r]
+    wrong = arrived[(arrived[:, 2] < mine.start) | (arrived[:, 2] >= mine.stop)]
+    if len(wrong):
+        return {"problem": f"received a row for expert {int(wrong[0, 2])}, which rank {r} does not hold"}
+    return {"problem": None, "arrived": arrived}
+
+
+def _expected_arrivals(n):
+    """(rank, token, expert) of every assignment each rank's experts receive, source by source."""
+    from parlab.lab.parallel import expert as epx
+
+    place, out = epx.placement(EXPERTS, n), [[] for _ in range(n)]
+    for src in range(n):
+        expert = _routed(src)
+        for dst, block in enumerate(place):
+            out[dst] += sorted((src, a // TOP_K, int(e)) for a, e in enumerate(expert.flatten().tolist()) if e in block)
+    return out
+
+
+def check_dispatch_plan(fn, world_size: int = 2) -> Passed:
+    """``fn(expert (T, k), num_experts, ep) -> (order, send)``: a dropless layer's dispatch. ``order`` (T·k,)
+    the assignments sorted by expert (assignment a is token a // k's choice a % k), ``send`` the rows for
+    each of the ``ep`` ranks (contiguous placement, ``epx.placement``). Each rank holds another number of
+    tokens; the check sends every assignment's (rank, token, expert) with ``all_to_all_single`` and your
+    splits, and looks at what each rank's experts receive."""
+    if not callable(fn):
+        raise TypeError(f"fn={fn!r} must be the function you wrote")
+    name = getattr(fn, "__name__", fn)
+    _, problem = _plan_of(fn, 0, world_size)  # rank 0's plan in this process first: a wrong one fails at once
+    if problem:
+        raise ExerciseFailed(f"{name} on rank 0 of {world_size}: {problem}")
+    results = parlab.launch(_dispatch_on_rank, world_size=world_size, args=(fn,), output="none", announce=False)
+    for rank, res in enumerate(results):
+        if res["problem"]:
+            raise ExerciseFailed(f"{name} on rank {rank} of {world_size}: {res['problem']}")
+    for rank, (res, want) in enumerate(zip(results, _expected_arrivals(world_size))):
+        got = sorted(tuple(int(v) for v in row) for row in res["arrived"])
+        if got != want:
+            raise ExerciseFailed(f"{name}: rank {rank}'s experts received {len(got)} rows, expected {len(want)}: "
+                                 f"(rank, token, expert) {sorted(set(want) - set(got))[:3]} missing")
+    return Passed(f"{name}: every assignment reaches its expert's rank, grouped by expert, on {world_size} ranks")

@@ -221,6 +221,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "ch07.3": ("parlab.decide.planner.step._predict",),
     "ch10.1": ("parlab.lab.parallel.context.combine",),
     "ch10.2": ("parlab.lab.parallel.expert.route", "parlab.lab.parallel.expert.dispatch"),
+    "ch10.3": ("parlab.lab.parallel.expert_practice.DroplessExpertParallelMoE.forward",),
 }
 
 #: (exercise, why) of the scopes open now, innermost last (a check may nest in another)

@@ -129,8 +129,8 @@ def checkpointing_frame(layers: int, per_layer: float, kept: float, i: int, unit
 
 def checkpointing_steps(layers: int, per_layer: float, kept: float, unit: float = 1e6,
                         unit_name: str = "MB") -> None:
-    """:func:`checkpointing_frame` for every step of one forward and backward, behind a slider; the first
-    frame shown is the last forward step (every layer's activations are held)."""
+    """:func:`checkpointing_frame` for every step of one forward and backward, in one picture and behind a
+    slider; the last forward step (every layer's activations are held) is outlined."""
     from parlab.lab.plots.steps import step_through
 
     labels = [s for s, _, _ in checkpointing_schedule(layers)]

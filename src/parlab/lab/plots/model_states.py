@@ -119,7 +119,7 @@ def zero_holdings(world_size: int, stage: int, precision: str = "bf16") -> Figur
 
 
 def zero_stages(world_size: int, precision: str = "bf16", start: int = 0) -> None:
-    """:func:`zero_holdings` for stages 0 to 3, behind a slider that opens at stage ``start``."""
+    """:func:`zero_holdings` for stages 0 to 3, every stage in one picture (stage ``start`` outlined) and a slider."""
     from parlab.lab.plots.steps import step_through
 
     step_through(lambda i: zero_holdings(world_size, i, precision), ["none", "ZeRO-1", "ZeRO-2", "ZeRO-3"],

@@ -155,11 +155,13 @@ def _stage3_passes(lay, own, group, phase) -> None:
         phase("backward, root: gather again, held for the whole backward", ("weights", group(root), HELD))
     for k, i in enumerate(reversed(units)):
         prev = [("weights", group(units[::-1][k - 1]) & ~own, EMPTY)] if k else []
-        phase(f"backward, {names[i]}: gather again, reduce-scatter its gradients",
-              *prev, ("weights", group(i), HELD), ("gradients", group(i) & own, HELD))
+        phase(f"backward, {names[i]}: gather again, reduce-scatter its gradients, free the others' slices",
+              *prev, ("weights", group(i), HELD), ("gradients", group(i) & ~own, EMPTY),
+              ("gradients", group(i) & own, HELD))
     last = [units[0]] + held
     phase("end of backward" + (", root: reduce-scatter its gradients" if held else "") + "; free",
-          *[("weights", group(i) & ~own, EMPTY) for i in last], *[("gradients", group(i) & own, HELD) for i in held])
+          *[("weights", group(i) & ~own, EMPTY) for i in last], *[("gradients", group(i) & ~own, EMPTY) for i in held],
+          *[("gradients", group(i) & own, HELD) for i in held])
 
 
 # -- drawing ------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import parlab
 from parlab.lab.measure import Event
 from parlab.lab.plots import buckets as bplots
 from parlab.lab.plots import dataflow
+from parlab.lab.plots.colors import KIND_COLORS
 
 
 def _trace(bucket_bytes):
@@ -95,3 +96,20 @@ def test_ddp_step_colours_samples_by_the_rank_they_go_to():
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts[:3] == ["sample 0 → rank 0", "sample 1 → rank 1", "sample 2 → rank 2"]
     assert "samples 1, 4" in [t.get_text() for t in fig.axes[1].texts]
+
+
+def test_ddp_step_draws_the_bucket_all_reduces_beside_backward():
+    """Chapter 03's first picture is PyTorch DDP's step: each bucket's all-reduce starts when backward has
+    filled it, all but the last while backward still runs, and the optimizer waits for the last."""
+    t = dataflow.ddp_overlap(buckets=3)
+    end_backward = t["backward"][-1][1]
+    for (_, piece_end), (start, end), nxt in zip(t["backward"], t["all_reduce"], t["all_reduce"][1:] + [None]):
+        assert start >= piece_end and (nxt is None or nxt[0] >= end)  # after its gradients, one at a time
+    assert all(start < end_backward for start, _ in t["all_reduce"][:-1])  # overlapping backward
+    assert t["optimizer"][0] >= t["all_reduce"][-1][1] > end_backward
+    with pytest.raises(ValueError, match="buckets=0"):
+        dataflow.ddp_overlap(buckets=0)
+    fig = dataflow.ddp_step([[0, 2], [1, 3]], buckets=3)
+    comm = [p for p in fig.axes[1].patches if isinstance(p, FancyBboxPatch)
+            and p.get_facecolor()[:3] == matplotlib.colors.to_rgb(KIND_COLORS["comm"])]
+    assert len(comm) == 2 * 3  # every rank in each bucket's all-reduce

@@ -1797,3 +1797,61 @@ def test_chapter_10_dispatch_plan_solution_passes_and_wrong_plans_fail():
 
     with pytest.raises(ExerciseFailed, match="forward is the package's answer"):
         check_dispatch_plan(borrowed)
+
+def _peak_like_a_learner(rounding=None, with_root=True, prefetching="neighbours", shards=False):
+    """A learner's peak_gathered, with one plausible mistake: ``rounding(numel, world_size)`` pads (right:
+    up to a multiple of world_size), ``prefetching`` says what prefetch holds at once, ``shards`` divides the
+    answer by world_size (one rank's shards instead of whole gathered blocks)."""
+    def peak(block_numels, root_numel, prefetch, world_size):
+        pad = rounding or (lambda k, n: -(-k // n) * n)
+        blocks = [pad(b, world_size) for b in block_numels]
+        held = blocks
+        if prefetch and len(blocks) > 1:
+            held = {"neighbours": [a + b for a, b in zip(blocks, blocks[1:])], "none": blocks,
+                    "largest twice": [2 * max(blocks)], "two largest": [sum(sorted(blocks)[-2:])],
+                    "three": [sum(blocks[max(0, i - 1):i + 2]) for i in range(len(blocks))],
+                    "all": [sum(blocks)]}[prefetching]
+        total = (pad(root_numel, world_size) if with_root else 0) + max(held)
+        return total // world_size if shards else total
+    return peak
+
+
+@pytest.mark.parametrize("wrong, hint", [  # planted: each plausible mistake hears its name
+    (_peak_like_a_learner(with_root=False), "the root is forgotten"),
+    (_peak_like_a_learner(prefetching="none"), "that is the peak without prefetch: prefetch gathers the next block"),
+    (_peak_like_a_learner(shards=True), "that counts one rank's shards: a gathered buffer holds the whole block"),
+    (_peak_like_a_learner(rounding=lambda k, n: -(-k // (n + 1)) * (n + 1)), "padded to a multiple of world_size \\+ 1"),
+    (_peak_like_a_learner(rounding=lambda k, n: -(-k // max(1, n - 1)) * max(1, n - 1)),
+     "padded to a multiple of world_size − 1"),
+    (_peak_like_a_learner(rounding=lambda k, n: k // n * n), "rounded down: padding rounds each size \\*up\\*"),
+    (_peak_like_a_learner(prefetching="largest twice"), "the largest block counted twice"),
+    (_peak_like_a_learner(prefetching="two largest"), "the two largest blocks: prefetch holds a block and the next"),
+    (_peak_like_a_learner(prefetching="three"), "three blocks at once: the previous block is freed"),
+    (_peak_like_a_learner(prefetching="all"), "every block at once: stage 3 frees each block after it computes"),
+])
+def test_chapter_04_peak_gathered_names_each_plausible_mistake(wrong, hint):
+    from parlab.course.exercises import check_peak_gathered
+
+    assert _peak_like_a_learner()([7, 20, 5, 30], 11, True, 4) == 52  # the helper's right answer is right
+    with pytest.raises(ExerciseFailed, match=hint):
+        check_peak_gathered(wrong)
+
+
+@pytest.mark.parametrize("strategy, wrong, hint", [  # planted: one strategy counted wrong, as a learner would
+    ("zero2", lambda m: 2, "that counts stage 2 as stage 1, whose whole gradients accumulate locally"),
+    ("zero2", lambda m: m, "the all-gather is missing: after the step every rank all-gathers the updated weights"),
+    ("zero1", lambda m: 1, "the all-gather is missing"),
+    ("zero3", lambda m: 3, "that counts one micro-batch: .* Stage 3 frees them after each block"),
+    ("zero3", lambda m: 3 * m + 1, "stage 3 has no all-gather after the step"),
+    ("zero3_keep", lambda m: 2, "that counts one micro-batch: .* freed after each backward"),
+    ("zero3_keep", lambda m: m + 1, "keeps a block from its forward to its backward, not from one micro-batch to "
+                                    "the next"),
+    ("zero3_keep", lambda m: 2 * m + 1, "stage 3 has no all-gather after the step"),
+    ("zero3_keep", lambda m: 3 * m, "one gather per micro-batch, not two$"),  # named alone, not with another
+])
+def test_chapter_04_accumulation_volume_names_each_plausible_mistake(strategy, wrong, hint):
+    from parlab.course.exercises import check_accumulation_volume
+
+    right = solutions("04", 4, tiny_gpt2=tiny_gpt2)["solution_accumulation_volume"]
+    with pytest.raises(ExerciseFailed, match=rf"fn\('{strategy}', micro_batches=\d\): .*{hint}"):
+        check_accumulation_volume(lambda s, m: wrong(m) if s == strategy else right(s, m))

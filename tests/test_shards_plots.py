@@ -83,3 +83,21 @@ def test_kept_agrees_with_the_memory_table():
         band = [p for p in ax.patches if n + 1.2 - 1e-9 <= p.get_y() < 2 * (n + 1.2) - 1e-9]  # gradients
         empty = sum(tuple(p.get_facecolor()) == white for p in band)
         assert empty == (0 if k == 1 else (n - 1) * len(lays[k - 1].columns)), (k, empty)
+
+
+def test_a_freed_shard_is_drawn_freed_not_moved():
+    """Stage 2's backward frees the slices of a bucket that other ranks own, and zero_grad the last step's
+    shards: those cells are outlined as freed (red, dashed), never as moved (black, solid)."""
+    model, n = _model(), 3
+    lay = shards.layout(2, model, n, blocks=model.transformer.h, bucket_bytes=1024)
+    own = np.array([c.owner for c in lay.columns])[None, :] == np.arange(n)[:, None]
+    first = shards.zero_frames(lay)[1]  # backward, bucket 0
+    bucket0 = np.array([c.group == 0 for c in lay.columns])[None, :] & np.ones_like(own)
+    freed = first.changed["gradients"] & (first.state["gradients"] == shards.EMPTY)
+    assert (freed[bucket0 & ~own]).all() and (freed[~bucket0 & own]).all() and not freed[bucket0 & own].any()
+    ax = shards.draw_frame(lay, first).axes[0]
+    band = [p for p in ax.patches if n + 1.2 - 1e-9 <= p.get_y() < 2 * (n + 1.2) - 1e-9]  # the gradients
+    dashed = [p for p in band if p.get_linestyle() not in ("-", "solid")]
+    black = [p for p in band if p.get_edgecolor()[:3] == (0.0, 0.0, 0.0) and p.get_linewidth() > 1]
+    assert len(dashed) == freed.sum() and all(p.get_facecolor()[:3] == (1.0, 1.0, 1.0) for p in dashed)
+    assert len(black) == (bucket0 & own).sum()  # only the reduced shards each rank received are "moved"

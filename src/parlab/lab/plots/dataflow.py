@@ -1,7 +1,10 @@
 """Who does what, and what moves where, in one data-parallel training step: a grid of ranks × phases.
 
 - :func:`ddp_step`      DDP: each rank's samples (as ``DistributedSampler`` deals them), forward and backward
-                        on every rank, one all-reduce of the gradients, the same step everywhere (chapter 03);
+                        on every rank, each bucket's all-reduce launched as soon as backward has filled it,
+                        beside the rest of backward, and the same step everywhere (chapter 03, section 1);
+- :func:`ddp_overlap`   the intervals that picture draws: backward in bucket-sized pieces, each bucket's
+                        all-reduce from the end of its piece, the optimizer after the last all-reduce;
 - :func:`step_flow`     any step as phases: a computation is a box on the ranks that do it; an exchange is
                         arrows out of rank 0 (scatter, broadcast), into rank 0 (gather, reduce), or a bar
                         across every rank (all-reduce). Chapter 03 draws ``nn.DataParallel``'s step beside DDP's;
@@ -101,13 +104,73 @@ def step_flow(phases, world_size: int, title: str = "", ax=None, rank_name: str 
     return fig
 
 
-def ddp_step(shards, title: str = ""):
-    """DDP's step on ``len(shards)`` ranks, ``shards[r]`` the sample indices rank r trains on (what
-    ``DistributedSampler`` gives it): left, the global batch, each sample coloured by its rank; right,
-    :func:`step_flow` of :func:`ddp_phases`. Returns the figure."""
+def ddp_overlap(buckets: int = 3, forward: float = 1.6, piece: float = 1.0, all_reduce: float = 0.85,
+                optimizer: float = 0.9) -> dict:
+    """PyTorch DDP's step as intervals ``(start, end)`` on one time axis (a sketch: durations are arguments,
+    not measured): ``forward``; backward in ``buckets`` pieces, piece k producing bucket k's gradients (the
+    last layers' first); bucket k's all-reduce from the end of piece k (no earlier than the previous bucket's
+    all-reduce ends: one collective at a time, in bucket order), overlapping the pieces after it; the
+    ``optimizer`` once the last all-reduce has ended."""
+    if not isinstance(buckets, int) or buckets < 1:
+        raise ValueError(f"buckets={buckets!r}: give the number of gradient buckets, an int >= 1")
+    pieces, reduces, free = [], [], 0.0
+    for k in range(buckets):
+        start = forward + k * piece
+        pieces.append((start, start + piece))
+        begin = max(start + piece, free)
+        reduces.append((begin, begin + all_reduce))
+        free = begin + all_reduce
+    return {"forward": (0.0, forward), "backward": pieces, "all_reduce": reduces,
+            "optimizer": (free, free + optimizer)}
+
+
+def _draw_overlap(ax, n: int, notes, buckets: int = 3) -> None:
+    """:func:`ddp_overlap` on ``n`` ranks: per rank a computation lane above a communication lane; each
+    all-reduce joins the ranks' lanes with a line (one collective, every rank in it)."""
+    t = ddp_overlap(buckets)
+    compute, comm = KIND_COLORS["compute"], KIND_COLORS["comm"]
+
+    def span(x0, x1, y, h, color, text="", fontsize=7):
+        ax.add_patch(FancyBboxPatch((x0 + 0.03, y - h / 2), x1 - x0 - 0.06, h, boxstyle="round,pad=0,rounding_size=0.05",
+                                    facecolor=color, edgecolor="white", linewidth=1))
+        if text:
+            ax.text((x0 + x1) / 2, y, text, ha="center", va="center", color="white", fontsize=fontsize)
+
+    for r in range(n):
+        span(*t["forward"], r - 0.14, 0.46, compute, notes[r] if notes else "")
+        for k, (a, b) in enumerate(t["backward"]):
+            span(a, b, r - 0.14, 0.46, compute, f"grads of\nbucket {k}", fontsize=6.5)
+        span(*t["optimizer"], r - 0.14, 0.46, compute, "step", fontsize=7)
+        for k, (a, b) in enumerate(t["all_reduce"]):
+            span(a, b, r + 0.27, 0.24, comm, f"Σ/n bucket {k}", fontsize=6)
+    for a, b in t["all_reduce"]:  # one collective across the ranks
+        ax.plot([(a + b) / 2] * 2, [0.27, n - 1 + 0.27], color=comm, lw=1.2, alpha=0.6, zorder=0)
+    end_backward = t["backward"][-1][1]
+    ax.axvline(end_backward, color="#888888", lw=0.8, ls=":")
+    heads = [("forward", *t["forward"]), ("backward, last layer first", t["backward"][0][0], end_backward),
+             ("optimizer", *t["optimizer"])]
+    for name, a, b in heads:
+        ax.text((a + b) / 2, -0.62, name, ha="center", va="bottom", fontsize=8)
+    ax.text(end_backward, n - 0.35, "backward ends", ha="center", va="top", fontsize=7, color="#555555")
+    ax.text(0, n - 0.35, "orange: a bucket's all-reduce, every rank in it, beside the rest of backward",
+            ha="left", va="top", fontsize=7, color=comm)
+    ax.set_xlim(-0.1, t["optimizer"][1] + 0.1)
+    ax.set_ylim(n - 0.2, -1.1)
+    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(left=False)
+
+
+def ddp_step(shards, title: str = "", buckets: int = 3):
+    """PyTorch DDP's step on ``len(shards)`` ranks, ``shards[r]`` the sample indices rank r trains on (what
+    ``DistributedSampler`` gives it): left, the global batch, each sample coloured by its rank; right, each
+    rank's forward and backward, the gradients in ``buckets`` buckets, each bucket all-reduced while backward
+    goes on (:func:`ddp_overlap`), then the same optimizer step everywhere. Returns the figure."""
     n = len(shards)
     owner = {i: r for r, idx in enumerate(shards) for i in idx}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 0.62 * n + 1.6), gridspec_kw={"width_ratios": [1, 5]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 0.75 * n + 1.7), gridspec_kw={"width_ratios": [1, 5]})
     for row, i in enumerate(sorted(owner)):
         left.add_patch(plt.Rectangle((0, row), 1, 0.9, color=rank_color(owner[i])))
         left.text(0.5, row + 0.45, f"sample {i} → rank {owner[i]}", ha="center", va="center", fontsize=6.5,
@@ -117,8 +180,9 @@ def ddp_step(shards, title: str = ""):
     left.axis("off")
     left.set_title("the step's global batch", fontsize=9)
     notes = [f"samples {', '.join(map(str, idx))}" for idx in shards]
-    step_flow(ddp_phases(n), n, title or f"DDP on {n} ranks: one process per rank, one all-reduce per step",
-              ax=right, notes=notes)
+    _draw_overlap(right, n, notes, buckets)
+    right.set_title(title or f"DDP on {n} ranks: one process each; a bucket's all-reduce starts as soon as "
+                    "backward has filled it", fontsize=9, loc="left")
     for r in range(n):
         right.get_yticklabels()[r].set_color(rank_color(r))
     fig.tight_layout()
@@ -134,6 +198,6 @@ def dp_vs_ddp(events, title: str = ""):
                              gridspec_kw={"width_ratios": [len(phases), 4]})
     step_flow(phases, n, title or f"nn.DataParallel on {n} GPUs: one process, every exchange through GPU 0",
               ax=axes[0], rank_name="GPU")
-    step_flow(ddp_phases(n), n, "DDP: one all-reduce", ax=axes[1])
+    step_flow(ddp_phases(n), n, "DDP, drawn unbucketed (v1): one all-reduce", ax=axes[1])
     fig.tight_layout()
     return fig

@@ -25,6 +25,7 @@ from parlab.lab.plots.colors import lighter, rank_color
 KINDS = ("weights", "gradients", "optimizer state")
 EMPTY, LOCAL, HELD, WHOLE = 0, 1, 2, 3  # not held; own gradient, not reduced; held; a copy no one owns (DDP)
 NEUTRAL, UNREDUCED = "#9A9A9A", "#EDEDED"  # WHOLE's colour; LOCAL's, under its hatching
+FREED, FREED_STYLE = "#C44E52", (0, (2, 1.5))  # the outline of a shard freed in this phase: red, dashed
 KEPT = "after a step, before zero_grad"  # the moment the first frame shows, and section 5's memory
 
 
@@ -52,7 +53,7 @@ class Layout:
 class Frame:
     label: str
     state: dict  # kind -> (N, C) array of EMPTY / LOCAL / HELD
-    changed: dict  # kind -> (N, C) bool: what this phase moved or updated
+    changed: dict  # kind -> (N, C) bool: what this phase moved, updated or freed (freed: now EMPTY)
 
 
 def flat_groups(stage: int, module, world_size: int, rank: int = 0, *, blocks=None, bucket_bytes=None) -> list:
@@ -129,8 +130,10 @@ def _stage2_backward(lay, own, groups, phase) -> None:
     for b in shown:
         bucket = np.broadcast_to((groups > done) & (groups <= b), own.shape)
         freed = [("gradients", own, EMPTY)] if done < 0 else []  # zero_grad freed the last step's shards
-        phase(f"backward, bucket {b} of 0–{last}: reduce-scattered as it fills; the rest freed",
-              *freed, ("gradients", bucket & own, HELD))
+        # each rank computed the bucket's whole gradient, sent the others' slices, and freed them
+        phase(f"backward, bucket {b} of 0–{last}: reduce-scattered as it fills; the rest freed"
+              + ("; zero_grad freed the last step's" if done < 0 else ""),
+              *freed, ("gradients", bucket & ~own, EMPTY), ("gradients", bucket & own, HELD))
         done = b
 
 
@@ -152,11 +155,13 @@ def _stage3_passes(lay, own, group, phase) -> None:
         phase("backward, root: gather again, held for the whole backward", ("weights", group(root), HELD))
     for k, i in enumerate(reversed(units)):
         prev = [("weights", group(units[::-1][k - 1]) & ~own, EMPTY)] if k else []
-        phase(f"backward, {names[i]}: gather again, reduce-scatter its gradients",
-              *prev, ("weights", group(i), HELD), ("gradients", group(i) & own, HELD))
+        phase(f"backward, {names[i]}: gather again, reduce-scatter its gradients, free the others' slices",
+              *prev, ("weights", group(i), HELD), ("gradients", group(i) & ~own, EMPTY),
+              ("gradients", group(i) & own, HELD))
     last = [units[0]] + held
     phase("end of backward" + (", root: reduce-scatter its gradients" if held else "") + "; free",
-          *[("weights", group(i) & ~own, EMPTY) for i in last], *[("gradients", group(i) & own, HELD) for i in held])
+          *[("weights", group(i) & ~own, EMPTY) for i in last], *[("gradients", group(i) & ~own, EMPTY) for i in held],
+          *[("gradients", group(i) & own, HELD) for i in held])
 
 
 # -- drawing ------------------------------------------------------------------------------------------------
@@ -183,12 +188,14 @@ def _grid(ax, lay: Layout, frame: Frame, labels: bool = True, margin: float = 0.
         top = b * (n + 1.2)
         for r in range(n):
             for j, c in enumerate(lay.columns):
-                value, moved = frame.state[kind][r, j], frame.changed[kind][r, j]
+                value, changed = frame.state[kind][r, j], frame.changed[kind][r, j]
+                freed, moved = changed and value == EMPTY, changed and value != EMPTY
                 face = {EMPTY: "white", LOCAL: UNREDUCED, WHOLE: NEUTRAL,
                         HELD: rank_color(c.owner) if c.owner == r else lighter(rank_color(c.owner), 0.6)}[value]
                 ax.add_patch(Rectangle((left[j], top + r), widths[j], 0.86, facecolor=face,
                                        hatch="////" if value == LOCAL else None,
-                                       edgecolor="black" if moved else "#BBBBBB", lw=1.6 if moved else 0.4))
+                                       edgecolor=FREED if freed else "black" if moved else "#BBBBBB",
+                                       ls=FREED_STYLE if freed else "-", lw=1.3 if freed else 1.6 if moved else 0.4))
                 pad = max(0, c.stop - max(c.start, c.numel))  # zeros past the group's parameters
                 if value in (LOCAL, HELD) and pad:  # DDP (WHOLE) pads nothing
                     w = widths[j] * pad / (c.stop - c.start)
@@ -219,6 +226,7 @@ def _legend(fig: Figure, n: int, whole: bool = False) -> None:
     handles += [Patch(facecolor=lighter(rank_color(0), 0.6), label="a copy of another rank's shard"),
                 Patch(facecolor=UNREDUCED, hatch="////", edgecolor="#888888", label="own gradient, not reduced"),
                 Patch(facecolor="white", edgecolor="black", lw=1.6, label="moved or updated in this phase"),
+                Patch(facecolor="white", edgecolor=FREED, ls=FREED_STYLE, lw=1.3, label="freed in this phase"),
                 Patch(facecolor="#555555", label="padding")]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=7.5, frameon=False)
 

@@ -151,9 +151,8 @@ def test_a_chapter_fits_one_sitting(path):
         f"{times.ONE_SITTING}")
 
 
-# Issue 50: each main path linked into its Under the hood part 13–33 times; a learner follows links, so a chapter
-# keeps the few that matter. xfail while the chapters are trimmed; the lead removes the mark.
-@pytest.mark.xfail(strict=False, reason="chapters being trimmed")
+# Each main path linked into its Under the hood part 4–14 times (issue 50); a learner follows links, so a chapter
+# keeps the few that matter.
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_main_path_links_under_the_hood_only_where_it_matters(path):
     links = reading.links_under_the_hood(path)

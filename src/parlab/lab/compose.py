@@ -136,10 +136,7 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
     micro-batches then reuse the gathered weights, True (FSDP2's default) without one. The course's
     strategies record each collective into any attached ``CommLog`` (``with CommLog() as log:``).
     """
-    if reshard_after_forward not in (None, True, False):
-        raise ValueError(f"reshard_after_forward={reshard_after_forward!r}; choose True, False or None "
-                         "(None: False with a pipeline, True without)")
-    _check(topology, data_parallel, tensor_parallel, pipeline, schedule, num_micro_batches)
+    _check(topology, data_parallel, tensor_parallel, pipeline, schedule, num_micro_batches, reshard_after_forward)
     device = runtime.device()
     kind = model_kind(model.to(device))
     optimizer_kwargs = {"lr": 0.05} if optimizer_kwargs is None else optimizer_kwargs
@@ -182,8 +179,11 @@ def parallelize(model: nn.Module, topology: Topology, *, data_parallel: str = "f
 
 
 def _check(topology: Topology, data_parallel: str, tensor_parallel: str, pipeline: str, schedule: str,
-           num_micro_batches: int) -> None:
+           num_micro_batches: int, reshard_after_forward: bool | None = None) -> None:
     """:func:`parallelize`'s choices, each one of its kind, and the pairs of them that cannot work together."""
+    if reshard_after_forward not in (None, True, False):
+        raise ValueError(f"reshard_after_forward={reshard_after_forward!r}; choose True, False or None "
+                         "(None: False with a pipeline, True without)")
     _choice("data_parallel", data_parallel, DATA_PARALLEL)
     _choice("tensor_parallel", tensor_parallel, TENSOR_PARALLEL)
     _choice("pipeline", pipeline, PIPELINES)

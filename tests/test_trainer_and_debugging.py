@@ -27,13 +27,14 @@ NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "09_trainer_and_debugging.i
 
 
 def _script(name: str) -> str:
-    """The chapter's script ``name`` as its %%writefile cells write it (``-a`` appends)."""
-    text = ""
+    """The chapter's script ``name`` as the page writes it: ``hf.write_script_start``'s lines, then its
+    %%writefile cells (``-a`` appends)."""
+    text = hf.SCRIPT_START.get(name, "")
     for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
         first, _, body = cell.source.partition("\n")
         if cell.cell_type == "code" and first.startswith("%%writefile") and first.endswith(f"/{name}"):
             text = (text if " -a " in first else "") + body + "\n"
-    assert text, f"no %%writefile cell writes {name}"
+    assert text != hf.SCRIPT_START.get(name, ""), f"no %%writefile cell writes {name}"
     return text
 
 

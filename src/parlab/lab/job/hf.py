@@ -59,6 +59,90 @@ fsdp_config:
 """
 
 
+#: The start of chapter 09's ``trainer.py`` and ``accel.py`` (the page writes the rest with ``%%writefile -a``;
+#: its Under the hood part prints these): the imports, the job file read as chapter 08's ``train.py`` reads it
+#: (its paths relative to it), the model loaded, and the lines that make a resume exact.
+SCRIPT_START = {
+    "trainer.py": r"""# torchrun --nproc-per-node N trainer.py trainer.json: the Trainer on any transformers causal LM
+import json
+import os
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+KEYS = {"pretrained", "data", "out", "steps", "save_every", "global_batch", "accumulation", "lr", "momentum",
+        "max_grad_norm"}
+job = json.load(open(sys.argv[1]))
+if KEYS - set(job):  # fail now, not after the whole run
+    sys.exit(f"{sys.argv[1]} lacks {sorted(KEYS - set(job))}")
+here = os.path.dirname(os.path.abspath(sys.argv[1]))
+path = {key: os.path.join(here, job[key]) for key in ("pretrained", "data", "out")}  # relative: to the job file
+latest = get_last_checkpoint(path["out"]) if os.path.isdir(path["out"]) else None  # the newest checkpoint-<step>
+model, info = AutoModelForCausalLM.from_pretrained(latest or path["pretrained"], dtype=torch.float32,  # fp32
+                                                   output_loading_info=True)  # renames keys: embed_out → lm_head
+if info["missing_keys"] or info["unexpected_keys"]:  # a weight the file lacks would start untrained
+    sys.exit(f"refusing to train: {latest or path['pretrained']} does not fit the model: {info}")
+model.loss_type = "ForCausalLM"
+class SameAsCheckpoint(TrainerCallback):  # after the Trainer's resume: every weight the checkpoint's, or stop
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if latest is None:  # a fresh start
+            return
+        saved = dict(AutoModelForCausalLM.from_pretrained(latest, dtype=torch.float32).named_parameters())
+        for name, p in model.named_parameters():
+            whole = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP2: gathered from the shards
+            if not torch.equal(whole.detach().cpu(), saved[name].detach()):
+                raise RuntimeError(f"refusing to resume: {name} differs from {latest}'s")
+""",
+    "accel.py": r"""# torchrun --nproc-per-node N accel.py accel.json: an accelerate loop on any transformers causal LM
+import contextlib
+import json
+import os
+import sys
+
+import torch
+from accelerate import Accelerator, FullyShardedDataParallelPlugin
+from transformers import AutoModelForCausalLM
+
+KEYS = {"pretrained", "data", "out", "steps", "save_every", "global_batch", "accumulation", "lr", "momentum",
+        "max_grad_norm", "processes"}
+job = json.load(open(sys.argv[1]))
+if KEYS - set(job):  # fail now, not after the whole run
+    sys.exit(f"{sys.argv[1]} lacks {sorted(KEYS - set(job))}")
+here = os.path.dirname(os.path.abspath(sys.argv[1]))
+path = {key: os.path.join(here, job[key]) for key in ("pretrained", "data", "out")}  # relative: to the job file
+os.makedirs(path["out"], exist_ok=True)
+model = AutoModelForCausalLM.from_pretrained(path["pretrained"], dtype=torch.float32)  # fp32, whatever was saved
+model.loss_type = "ForCausalLM"
+gpu = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # one GPU per process
+fsdp = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                      transformer_cls_names_to_wrap=sorted(model._no_split_modules))
+acc = Accelerator(cpu=not gpu, fsdp_plugin=fsdp if gpu else None)
+opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+data = torch.load(path["data"])  # {"input_ids", "labels" (-100 where padded)}: (rows, seq_len) each
+rows = [{"input_ids": x, "labels": y} for x, y in zip(data["input_ids"], data["labels"])]
+micro = job["global_batch"] // (acc.num_processes * job["accumulation"])
+loader = torch.utils.data.DataLoader(rows, batch_size=micro)  # batches of {"input_ids", "labels"}
+model, opt, loader = acc.prepare(model, opt, loader)  # rank r takes batches r, r + N, ...
+done = max((int(d[5:]) for d in os.listdir(path["out"]) if d.startswith("step_")), default=0)  # steps saved
+if done:
+    acc.load_state(os.path.join(path["out"], f"step_{done}"))  # weights, optimizer, random states
+batches = iter(acc.skip_first_batches(loader, done * job["accumulation"]))
+""",
+}
+
+
+def write_script_start(folder: str, name: str) -> str:
+    """Write ``folder/name`` with :data:`SCRIPT_START`'s lines for ``name``; returns the path."""
+    if name not in SCRIPT_START:
+        raise ValueError(f"name={name!r}: a script of chapter 09 is one of {sorted(SCRIPT_START)}")
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(SCRIPT_START[name])
+    return path
+
+
 def deepspeed_config(stage: int, micro_batch: int = 4, accumulation: int = 2) -> dict:
     """DeepSpeed's JSON for ZeRO ``stage`` (0–3), as ``TrainingArguments(deepspeed=...)`` or
     ``deepspeed.initialize(config=...)`` take it ("auto": the Trainer fills in its own arguments)."""

@@ -49,7 +49,7 @@ def pytest_xdist_make_scheduler(config, log):
 #: hands out the scopes with the most tests first, which left the longest (chapters, the own job, eight
 #: kernels at once) to the end, with one worker idle while the other finished them.
 LONG_SCOPES = {"tests/test_own_job.py": 130, "tests/test_notebooks.py::test_eight_headless_chapters_at_once": 80,
-               "tests/test_browser.py": 50, "tests/test_cluster.py": 70, "tests/test_trainer_and_debugging.py": 30,
+               "tests/test_browser.py": 50, "tests/test_cluster.py": 70, "tests/test_trainer_and_debugging.py": 130,
                "tests/test_course.py": 60, "tests/test_torchrun.py": 35, "tests/test_job.py": 50}
 
 

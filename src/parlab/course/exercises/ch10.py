@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import parlab
-from parlab.course.exercises.core import ExerciseFailed, Passed, first_difference, refusing
+from parlab.course.exercises.core import ExerciseFailed, Passed, _name, first_difference, refusing
 
 B, HEADS, KV_HEADS, D, SEQ = 2, 4, 2, 8, 24
 
@@ -87,12 +87,12 @@ def check_online_softmax_combine(fn, world_size: int = 2) -> Passed:
     except ExerciseFailed as refused:
         problem = str(refused)
     if problem:
-        raise ExerciseFailed(f"{getattr(fn, '__name__', fn)}: {problem}")
+        raise ExerciseFailed(f"{_name(fn)}: {problem}")
     results = parlab.launch(_ring_with, world_size=world_size, args=(fn,), output="none", announce=False)
     for rank, res in enumerate(results):
         if res["problem"]:
-            raise ExerciseFailed(f"{getattr(fn, '__name__', fn)} on rank {rank} of {world_size}: {res['problem']}")
-    return Passed(f"{getattr(fn, '__name__', fn)}: two blocks combine exactly, and ring attention with it matches "
+            raise ExerciseFailed(f"{_name(fn)} on rank {rank} of {world_size}: {res['problem']}")
+    return Passed(f"{_name(fn)}: two blocks combine exactly, and ring attention with it matches "
                   f"full attention on all {world_size} ranks")
 
 
@@ -166,8 +166,8 @@ def check_received(fn, world_size: int = 2) -> Passed:
     for rank, res in enumerate(parlab.launch(_counts_on_rank, world_size=world_size, args=(fn,), output="none",
                                              announce=False)):
         if res["problem"]:
-            raise ExerciseFailed(f"{getattr(fn, '__name__', fn)} on rank {rank} of {world_size}: {res['problem']}")
-    return Passed(f"{getattr(fn, '__name__', fn)} counts every rank's slots right on {world_size} ranks")
+            raise ExerciseFailed(f"{_name(fn)} on rank {rank} of {world_size}: {res['problem']}")
+    return Passed(f"{_name(fn)} counts every rank's slots right on {world_size} ranks")
 
 
 # -- 3. the dropless dispatch: what all_to_all_single sends where -------------------------------------
@@ -294,7 +294,7 @@ def check_dispatch_plan(fn, world_size: int = 2) -> Passed:
     splits, and looks at what each rank's experts receive."""
     if not callable(fn):
         raise TypeError(f"fn={fn!r} must be the function you wrote")
-    name = getattr(fn, "__name__", fn)
+    name = _name(fn)
     _, problem = _plan_of(fn, 0, world_size)  # rank 0's plan in this process first: a wrong one fails at once
     if problem:
         raise ExerciseFailed(f"{name} on rank 0 of {world_size}: {problem}")

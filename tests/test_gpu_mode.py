@@ -253,8 +253,9 @@ def test_the_zygote_refuses_a_preload_that_initialised_cuda(tmp_path, monkeypatc
     try:
         with pytest.raises(LaunchError, match="importing parlab_cuda_mod initialised CUDA in the rank server"):
             _zygote.preload("parlab_cuda_mod")
+        # CPU-mode ranks: a GPU-mode rank calls set_device, which starts CUDA in it (on 2+ GPUs, or simulated)
         out = parlab.launch(lambda: ("parlab_cuda_mod" in sys.modules, torch.cuda.is_initialized()), 2,
-                            announce=False)
+                            backend="gloo", announce=False)
         assert out == [(False, False)] * 2  # a fresh zygote, without it
         monkeypatch.setenv("PARLAB_PRELOAD", "parlab_cuda_mod")  # named at start: it serves nobody
         _zygote.shutdown()
@@ -370,6 +371,12 @@ def test_gpu_modes_gloo_half_stays_on_loopback_too():
 
     for backend in ("gloo", "cpu:gloo,cuda:nccl", "cpu:gloo,cuda:gloo"):
         assert gloo_interface(backend, {}) == {"GLOO_SOCKET_IFNAME": "lo"}, backend
+    for gpus in (0, 2):  # what the launcher passes it: the ranks' group backend, not the printed name "nccl"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(plan_module, "visible_gpus", lambda: gpus)
+            plan = make_plan(2)
+        assert plan.group_backend == ("cpu:gloo,cuda:nccl" if gpus else "gloo")
+        assert gloo_interface(plan.group_backend, {}) == {"GLOO_SOCKET_IFNAME": "lo"}
     assert gloo_interface("nccl", {}) == {}
     assert gloo_interface("cpu:gloo,cuda:nccl", {"GLOO_SOCKET_IFNAME": "eth0"}) == {}  # the learner's choice stays
 

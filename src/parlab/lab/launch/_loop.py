@@ -119,7 +119,7 @@ class _Launch:
         # GPU mode: the leased GPUs (all visible ones without a lease). CPU mode: none at all, set before the
         # rank starts, so that nothing it runs (a profiler, Timeline, the Trainer) touches a GPU it was not given.
         base_env.update(self.gpus.env if self.plan.device_type == "cuda" else {"CUDA_VISIBLE_DEVICES": NO_GPUS})
-        base_env.update(gloo_interface(self.plan.backend, base_env))
+        base_env.update(gloo_interface(self.plan.group_backend, base_env))  # GPU mode's gloo half too
         if self.start_method == "zygote":
             with _zygote_lock:
                 zygote = _zygote_with(_auto_preloads())

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from parlab.lab.launch import _pickling
 from parlab.lab.launch.errors import classify_exception
+from parlab.lab import runtime
 from parlab.lab.runtime import GPU_MODE_BACKEND
 
 _LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -57,6 +58,7 @@ class _Channel:
         self.finished = False  # the function returned or raised; its report is on the way
         self.main_thread = threading.main_thread().ident
         self.nccl = False  # GPU mode: a rank waiting on a peer blocks in synchronize() or .item() too
+        self.draining = False  # returned, and waiting for the GPU work it queued (see run)
 
     def send(self, msg) -> None:
         with self.lock:
@@ -70,10 +72,17 @@ class _Channel:
                 os._exit(1)  # the kernel is gone: never outlive it
             if msg == b"done":
                 self.done.set()
+            elif msg == b"stack" and self.draining:
+                self.send(("stack", (DRAINING, True)))
             elif msg == b"stack" and not self.finished:  # once finished, the report itself answers
                 frame = sys._current_frames().get(self.main_thread)
                 frames = list(traceback.extract_stack(frame)) if frame else []
                 self.send(("stack", _describe_stack(frames, nccl=self.nccl)))
+
+
+# What a rank is doing when it has returned but its GPU still runs a collective that a peer never joined.
+DRAINING = ("(the function returned; the rank waits for the GPU work it queued: under NCCL a collective "
+            "returns when it is queued, and this one's peers never came)\n")
 
 
 # Where an NCCL rank waits for a peer: NCCL queues the collective and returns, so the host blocks later,
@@ -215,8 +224,15 @@ def run(ctrl: Connection) -> int:
         channel.send(("ready", None))  # joining is collective: once one rank is ready, all have started
         fn, args, kwargs = _pickling.loads(spec["payload"])
         value = fn(*args, **kwargs)
+        if channel.nccl:
+            # NCCL returns from a collective when it is queued: a rank whose peers never came would return
+            # here and the launch "succeed". Wait for the GPU's queued work, as gloo's rank waits in the
+            # collective itself, so a collective that only some ranks reached is a hang on both.
+            channel.draining = True
+            runtime.synchronize()
+            channel.draining = False
     except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit too, goes to the kernel
-        channel.finished = True
+        channel.finished, channel.draining = True, False
         _report_imports(channel, before)
         channel.send(("raised", _error_report(exc, time.monotonic() - started)))
     else:

@@ -30,6 +30,12 @@ class Plan:
     gpus: int = 0  # GPUs visible to the launch (the lease pool's when leasing); 0 when backend="gloo" asked
 
     @property
+    def group_backend(self) -> str:
+        """``init_process_group``'s argument on the ranks: ``GPU_MODE_BACKEND`` in GPU mode (NCCL for CUDA
+        tensors, gloo for CPU ones), else ``"gloo"``. ``backend`` is the short name the launcher prints."""
+        return GPU_MODE_BACKEND if self.device_type == "cuda" else self.backend
+
+    @property
     def tolerance(self) -> dict:
         """``assert_close``'s keyword arguments for this launch's results against one CPU process
         (``runtime.TOLERANCE``: the defaults on CPU ranks, a measured bound on GPU ranks)."""

@@ -68,6 +68,10 @@ def failure(run) -> LaunchError:
             original = _pickling.loads(err["exception"])
         except Exception:  # noqa: BLE001
             original = None
+    from parlab.lab.launch.simgpu import NeedsRealGPU
+
+    if isinstance(original, NeedsRealGPU):  # simulated GPUs: where only a real one answers (parlab run goes on)
+        return original
     return RankError(r.rank, ws, err["type"], err["message"], _cell_names(err["traceback"]), original, states)
 
 

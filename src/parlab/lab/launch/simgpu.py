@@ -10,7 +10,9 @@ the GPU-only code of the package, the chapters and the copyable scripts runs on 
 - **The device, swapped to the CPU.** A tensor or module sent to ``cuda``/``cuda:<n>`` (a ``device=``
   argument, ``.to``, ``.cuda``) lands on the CPU; pinned memory is plain memory; a ``"cuda"`` device mesh
   is a CPU one; ``DistributedDataParallel``'s ``device_ids`` are dropped. Names, arguments, shapes and
-  every assert that does not depend on CUDA run as on a GPU; memory statistics read 0.
+  every assert that does not depend on CUDA run as on a GPU. A memory statistic reads as
+  :class:`Unmeasured`: carrying it is fine, using it raises :class:`NeedsRealGPU`, where ``parlab run``
+  lets the cell stop and goes on (the cells after it still run).
 - **CUDA starts in a process** when it calls ``set_device`` or puts a tensor on a GPU, as on a GPU machine:
   ``torch.cuda.is_initialized()`` is then True (the zygote refuses a preload that does this).
 - **NCCL's groups.** ``init_process_group("nccl" | "cpu:gloo,cuda:nccl", device_id=...)`` makes a group
@@ -35,8 +37,12 @@ import contextlib
 import functools
 import inspect
 import os
+import sys
 import threading
 import time
+import weakref
+
+from parlab.lab.launch.errors import LaunchError
 
 ENV = "PARLAB_SIMULATE_GPUS"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_simsite")
@@ -48,6 +54,44 @@ COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_in
 # Tensor methods that copy to the host: the host waits for the GPU's queued work there.
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__", "__repr__",
               "__format__", "__str__", "__array__")
+
+
+class NeedsRealGPU(LaunchError):
+    """What only a real GPU can answer (a memory figure, NCCL's log), asked on a simulated one. ``parlab run``
+    on simulated GPUs lets a cell stop here and goes on with the next; the gpu job on a real GPU decides it."""
+
+    def __init__(self, what: str):
+        self.what = what
+        super().__init__(f"[simulated GPU] needs a real GPU: {what} (docs/ci.md, GPUs simulated on the CPU)")
+
+    def __reduce__(self):  # from a rank to the notebook: made again from what it needs
+        return NeedsRealGPU, (self.what,)
+
+
+def needs_real_gpu(what: str):
+    """A function that raises :class:`NeedsRealGPU` for ``what``, whatever it is called with."""
+
+    def read(*args, **kwargs):
+        raise NeedsRealGPU(what)
+
+    return read
+
+
+class Unmeasured:
+    """A figure only a real GPU has (a memory statistic), read on a simulated one: it can be kept and
+    passed on, and using it (formatting, arithmetic, comparing) raises :class:`NeedsRealGPU`, so code that
+    only carries it runs on and the cell that reads it stops there."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def _use(self, *args, **kwargs):
+        raise NeedsRealGPU(self.what)
+
+    __format__ = __str__ = __repr__ = __float__ = __int__ = __index__ = __bool__ = _use
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _use
+    __floordiv__ = __rfloordiv__ = __lt__ = __le__ = __gt__ = __ge__ = __neg__ = _use
+    __hash__ = object.__hash__
 
 
 def requested(env=None) -> int:
@@ -85,6 +129,7 @@ class _State:
         self.lock = threading.Lock()
         self.timeout = 600.0  # the default group's timeout in seconds (NCCL's watchdog fires after it)
         self.timeouts: dict = {}  # a new group's own timeout, by the group
+        self.swapped: dict = {}  # id -> weak reference, of tensors sent to a simulated GPU (on the CPU)
 
 
 _state = _State()
@@ -155,6 +200,26 @@ def _swap_device(value):
     return value
 
 
+def on_gpu(tensor) -> bool:
+    """Was ``tensor`` sent to a simulated GPU (a ``cuda`` device argument, ``.to``, ``.cuda``)?"""
+    ref = _state.swapped.get(id(tensor))
+    return ref is not None and ref() is tensor
+
+
+def _forget(ref, key: int) -> None:
+    if _state.swapped.get(key) is ref:
+        del _state.swapped[key]
+
+
+def _mark(result):
+    import torch
+
+    if isinstance(result, torch.Tensor) and not on_gpu(result):
+        key = id(result)
+        _state.swapped[key] = weakref.ref(result, functools.partial(_forget, key=key))
+    return result
+
+
 def _mode_class():
     import torch
     from torch.overrides import TorchFunctionMode
@@ -170,20 +235,22 @@ def _mode_class():
             kwargs = dict(kwargs or {})
             if _state.pending and (func in host_reads or _reads_pending(args, kwargs)):
                 wait_all()
+            to_gpu = _is_cuda(kwargs.get("device")) or (func in to_like and any(map(_is_cuda, args)))
             if "device" in kwargs:
                 kwargs["device"] = _swap_device(kwargs["device"])
             if kwargs.get("pin_memory"):
                 kwargs["pin_memory"] = False
             if func is torch.Tensor.cuda:
                 _state.initialized = True
-                return args[0]
+                return _mark(args[0])
             if func is torch.Tensor.pin_memory:
                 return args[0]
             if func is torch.Tensor.is_pinned:
                 return False
             if func in to_like:
                 args = tuple(_swap_device(a) for a in args)
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            return _mark(result) if to_gpu else result
 
     return CudaOnCpu
 
@@ -282,18 +349,24 @@ def _cuda_functions(real_is_initialized) -> dict:
     def stream(s=None):
         yield
 
-    def zero(device=None):
-        return 0
+    what = "a GPU memory figure (the simulated GPUs' tensors live on the CPU)"
+
+    def memory(device=None):
+        return Unmeasured(what)
+
+    def mem_get_info(device=None):
+        return Unmeasured(what), Unmeasured(what)
 
     return {
         "is_available": lambda: True, "device_count": lambda: len(visible()), "set_device": set_device,
         "current_device": lambda: _state.current, "is_initialized": is_initialized, "synchronize": synchronize,
         "get_device_properties": get_device_properties, "get_device_name": lambda device=None: NAME,
         "get_device_capability": lambda device=None: (9, 0), "is_bf16_supported": lambda *a, **k: True,
-        "mem_get_info": lambda device=None: (MEMORY, MEMORY), "memory_allocated": zero,
-        "max_memory_allocated": zero, "memory_reserved": zero, "max_memory_reserved": zero,
+        "mem_get_info": mem_get_info, "memory_allocated": memory, "max_memory_allocated": memory,
+        "memory_reserved": memory, "max_memory_reserved": memory, "memory_stats": needs_real_gpu(what),
+        "set_per_process_memory_fraction": needs_real_gpu("a cap on GPU memory"),
         "reset_peak_memory_stats": lambda device=None: None, "reset_max_memory_allocated": lambda device=None: None,
-        "empty_cache": lambda: None, "memory_stats": lambda device=None: {},
+        "empty_cache": lambda: None,
         "Event": Event, "Stream": Stream, "stream": stream, "current_stream": lambda device=None: _STREAM,
         "default_stream": lambda device=None: _STREAM,
     }
@@ -388,7 +461,6 @@ def _patch_distributed() -> None:
     import torch.distributed as dist
     import torch.distributed.device_mesh as device_mesh
     import torch.nn.parallel as parallel
-    import torch.nn.parallel.data_parallel as data_parallel
 
     for name in COLLECTIVES:
         setattr(dist, name, _queued(name, getattr(dist, name)))
@@ -426,7 +498,8 @@ def _patch_distributed() -> None:
         real_ddp_init(self, module, None, None, *args, **kwargs)  # the module is on the CPU
 
     parallel.DistributedDataParallel.__init__ = ddp_init
-    data_parallel._get_available_device_type = lambda: None  # nn.DataParallel runs the module as it is
+    # nn.DataParallel runs the module as it is (the package's name data_parallel is also a function's)
+    sys.modules["torch.nn.parallel.data_parallel"]._get_available_device_type = lambda: None
 
 
 def install() -> bool:
@@ -438,6 +511,8 @@ def install() -> bool:
 
     for name, fn in _cuda_functions(torch.cuda.is_initialized).items():
         setattr(torch.cuda, name, fn)
+    for name in ("_record_memory_history", "_snapshot", "_dump_snapshot"):
+        setattr(torch.cuda.memory, name, needs_real_gpu("the CUDA caching allocator's history"))
     _patch_distributed()
     _mode_class()().__enter__()  # for the rest of the process
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

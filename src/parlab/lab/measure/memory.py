@@ -309,7 +309,9 @@ def measure_memory(model: nn.Module, optimizer=None) -> MemoryMeasurement:
     if isinstance(model, nn.parallel.DistributedDataParallel) and not model.gradient_as_bucket_view:
         buckets = sum(nbytes for _, nbytes in ddp_buckets(model))
     peak = None
-    cuda = next((p.device for p in model.parameters() if p.is_cuda), None)
+    from parlab.lab.launch import simgpu  # a simulated GPU's tensors live on the CPU (CI without GPUs)
+
+    cuda = next((p.device for p in model.parameters() if p.is_cuda or simgpu.on_gpu(p)), None)
     if cuda is not None:  # the peak since the last measurement on this device: each one starts afresh
         peak = torch.cuda.max_memory_allocated(cuda)
         torch.cuda.reset_peak_memory_stats(cuda)

@@ -126,3 +126,35 @@ def test_the_gpu_workflows_gpu_tests_pass_on_simulated_gpus(gpus):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def test_a_figure_only_a_real_gpu_has_can_be_carried_and_computed_with_but_not_read():
+    import pickle
+
+    peak = pickle.loads(pickle.dumps(simgpu.Unmeasured("a GPU memory figure")))  # from a rank, as a result
+    held = {"peak": peak, "step_s": 0.1}  # carried: fine
+    grown = (peak - 1024) / 2**20 * 2  # computed with: unmeasured too, as a NaN would be
+    assert isinstance(grown, simgpu.Unmeasured)
+    for use in (lambda: f"{held['peak'] / 2**20:.1f} MiB", lambda: held["peak"] > 0, lambda: f"{peak:,}",
+                lambda: max(1.0, grown), lambda: bool(peak), lambda: float(peak), lambda: print(grown)):
+        with pytest.raises(simgpu.NeedsRealGPU, match=r"\[simulated GPU\] needs a real GPU: a GPU memory figure"):
+            use()
+    err = pickle.loads(pickle.dumps(simgpu.NeedsRealGPU("NCCL's own log")))
+    assert str(err).count("needs a real GPU") == 1 and err.what == "NCCL's own log"
+
+
+def test_parlab_run_goes_on_past_a_cell_that_needs_a_real_gpu(tmp_path):
+    import nbformat
+
+    from parlab.course import chapters
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("peak"), nbformat.v4.new_code_cell("x"), nbformat.v4.new_code_cell("y")]
+    nb.cells[0].execution_count, nb.cells[1].execution_count = 3, 4
+    nb.cells[0].outputs = [nbformat.v4.new_output("error", ename="NeedsRealGPU", evalue="…", traceback=[])]
+    nbformat.write(nb, tmp_path / "run.ipynb")
+    assert chapters.needs_real_gpu(tmp_path / "run.ipynb") == "needs a real GPU: In [3]"
+    assert chapters._errors_other_than(tmp_path / "run.ipynb", "NeedsRealGPU") == []
+    nb.cells[1].outputs = [nbformat.v4.new_output("error", ename="NameError", evalue="x", traceback=[])]
+    nbformat.write(nb, tmp_path / "run.ipynb")
+    assert chapters._errors_other_than(tmp_path / "run.ipynb", "NeedsRealGPU") == ["NameError"]  # a real failure

@@ -259,6 +259,7 @@ class _Zygote:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()  # reaped: alive() is False from now on (a refused preload is seen as refused)
 
 
 _zygote_lock = threading.Lock()

@@ -33,11 +33,8 @@ docs/ci.md, with the check on a real GPU that decides it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import inspect
 import os
-import sys
 import threading
 import time
 import weakref
@@ -45,7 +42,7 @@ import weakref
 from parlab.lab.launch.errors import LaunchError
 
 ENV = "PARLAB_SIMULATE_GPUS"
-SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_simsite")
+SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 NAME = "Simulated GPU (parlab, on the CPU)"
 MEMORY = 80 * 2**30
 # torch.distributed's blocking collectives that NCCL queues and returns from.
@@ -78,19 +75,24 @@ def needs_real_gpu(what: str):
 
 
 class Unmeasured:
-    """A figure only a real GPU has (a memory statistic), read on a simulated one: it can be kept and
-    passed on, and using it (formatting, arithmetic, comparing) raises :class:`NeedsRealGPU`, so code that
-    only carries it runs on and the cell that reads it stops there."""
+    """A figure only a real GPU has (a memory statistic), read on a simulated one. Like a NaN it can be
+    kept, passed on and computed with (the result is unmeasured too); reading it (formatting, comparing,
+    converting) raises :class:`NeedsRealGPU`, so the code that carries it runs on, and the cell that reads
+    it stops there."""
 
     def __init__(self, what: str):
         self.what = what
 
-    def _use(self, *args, **kwargs):
+    def _read(self, *args, **kwargs):
         raise NeedsRealGPU(self.what)
 
-    __format__ = __str__ = __repr__ = __float__ = __int__ = __index__ = __bool__ = _use
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _use
-    __floordiv__ = __rfloordiv__ = __lt__ = __le__ = __gt__ = __ge__ = __neg__ = _use
+    def _same(self, *args, **kwargs):
+        return self
+
+    __format__ = __str__ = __repr__ = __float__ = __int__ = __index__ = __bool__ = _read
+    __lt__ = __le__ = __gt__ = __ge__ = _read
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _same
+    __floordiv__ = __rfloordiv__ = __neg__ = __abs__ = _same
     __hash__ = object.__hash__
 
 
@@ -254,69 +256,6 @@ def _mode_class():
 
     return CudaOnCpu
 
-
-# -- torch.cuda, as a machine with GPUs presents it -------------------------------------------------------
-
-class Event:
-    """``torch.cuda.Event``: a host timestamp taken when recorded (the queued collectives waited for first)."""
-
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
-        self.enable_timing, self.at = enable_timing, None
-
-    def record(self, stream=None):
-        self.at = time.perf_counter()
-
-    def elapsed_time(self, end) -> float:
-        if self.at is None or end.at is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end.at - self.at) * 1e3
-
-    def synchronize(self):
-        wait_all()
-
-    def query(self) -> bool:
-        return True
-
-    def wait(self, stream=None):
-        pass
-
-
-class Stream:
-    """``torch.cuda.Stream``: one queue, the host's."""
-
-    def __init__(self, device=None, priority=0, **kwargs):
-        self.device = device
-
-    def wait_stream(self, other):
-        pass
-
-    def wait_event(self, event):
-        pass
-
-    def record_event(self, event=None):
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def synchronize(self):
-        wait_all()
-
-    def query(self) -> bool:
-        return True
-
-
-_STREAM = Stream()
-
-
-class _Properties:
-    def __init__(self, index: int):
-        self.name, self.total_memory, self.uuid = NAME, MEMORY, f"GPU-sim-{index}"
-        self.major, self.minor, self.multi_processor_count = 9, 0, 132
-
-    def __repr__(self):
-        return f"_CudaDeviceProperties(name='{self.name}', total_memory={self.total_memory >> 20}MB, uuid={self.uuid})"
-
-
 def _index(device=None) -> int:
     import torch
 
@@ -328,180 +267,6 @@ def _index(device=None) -> int:
     return _state.current if device.index is None else device.index
 
 
-def _cuda_functions(real_is_initialized) -> dict:
-    def set_device(device):
-        _state.current, _state.initialized = _index(device), True
-
-    def is_initialized():
-        return _state.initialized or real_is_initialized()
-
-    def synchronize(device=None):
-        wait_all()
-
-    def get_device_properties(device=None):
-        index = _index(device)
-        seen = visible()
-        if not 0 <= index < len(seen):
-            raise AssertionError("Invalid device id")  # torch's own message
-        return _Properties(seen[index])
-
-    @contextlib.contextmanager
-    def stream(s=None):
-        yield
-
-    what = "a GPU memory figure (the simulated GPUs' tensors live on the CPU)"
-
-    def memory(device=None):
-        return Unmeasured(what)
-
-    def mem_get_info(device=None):
-        return Unmeasured(what), Unmeasured(what)
-
-    return {
-        "is_available": lambda: True, "device_count": lambda: len(visible()), "set_device": set_device,
-        "current_device": lambda: _state.current, "is_initialized": is_initialized, "synchronize": synchronize,
-        "get_device_properties": get_device_properties, "get_device_name": lambda device=None: NAME,
-        "get_device_capability": lambda device=None: (9, 0), "is_bf16_supported": lambda *a, **k: True,
-        "mem_get_info": mem_get_info, "memory_allocated": memory, "max_memory_allocated": memory,
-        "memory_reserved": memory, "max_memory_reserved": memory, "memory_stats": needs_real_gpu(what),
-        "set_per_process_memory_fraction": needs_real_gpu("a cap on GPU memory"),
-        "reset_peak_memory_stats": lambda device=None: None, "reset_max_memory_allocated": lambda device=None: None,
-        "empty_cache": lambda: None,
-        "Event": Event, "Stream": Stream, "stream": stream, "current_stream": lambda device=None: _STREAM,
-        "default_stream": lambda device=None: _STREAM,
-    }
-
-
-# -- torch.distributed, NCCL's way ------------------------------------------------------------------------
-
-def _gpu_group(group) -> bool:
-    import torch.distributed as dist
-
-    if not _state.initialized or not dist.is_initialized():
-        return False  # a CPU-mode rank: plain gloo, blocking
-    return "cuda:" in str(dist.distributed_c10d.get_backend(group))
-
-
-def _queued(name: str, original):
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def collective(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        if bound.arguments.get("async_op") or not _gpu_group(bound.arguments.get("group")):
-            return original(*args, **kwargs)
-        bound.arguments["async_op"] = True
-        work = original(*bound.args, **bound.kwargs)
-        tensors = [v for value in bound.arguments.values()
-                   for v in (value if isinstance(value, (list, tuple)) else [value])]
-        if work is not None:  # None: this rank is not in the group
-            _queue(work, tensors, name, bound.arguments.get("group"))
-        return None
-
-    return collective
-
-
-def _p2p(name: str, original, async_version):
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def p2p(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        if not _gpu_group(bound.arguments.get("group")):
-            return original(*args, **kwargs)
-        work = async_version(*bound.args, **bound.kwargs)  # isend/irecv take send/recv's arguments
-        if work is not None:
-            _queue(work, [bound.arguments["tensor"]], name, bound.arguments.get("group"))
-        peer = bound.arguments.get("src" if name == "recv" else "dst")
-        return -1 if peer is None else peer  # recv from any source: which one is known only once it arrives
-
-    return p2p
-
-
-def _init_process_group(original):
-    @functools.wraps(original)
-    def init_process_group(backend=None, *args, **kwargs):
-        import datetime
-
-        if backend is not None and "nccl" in str(backend):
-            backend = "cpu:gloo,cuda:gloo"  # what NCCL's half presents, carried by gloo
-        kwargs.pop("device_id", None)
-        timeout = kwargs.get("timeout")
-        if isinstance(timeout, datetime.timedelta):
-            _state.timeout = timeout.total_seconds()
-        return original(backend, *args, **kwargs)
-
-    return init_process_group
-
-
-def _get_backend(original):
-    @functools.wraps(original)
-    def get_backend(group=None):
-        return str(original(group)).replace("cuda:gloo", "cuda:nccl")
-
-    return get_backend
-
-
-def _new_group(original):
-    @functools.wraps(original)
-    def new_group(*args, **kwargs):
-        import datetime
-
-        if "nccl" in str(kwargs.get("backend") or ""):
-            kwargs["backend"] = None  # the default group's backend
-        group = original(*args, **kwargs)
-        if isinstance(kwargs.get("timeout"), datetime.timedelta):
-            _state.timeouts[group] = kwargs["timeout"].total_seconds()
-        return group
-
-    return new_group
-
-
-def _patch_distributed() -> None:
-    import torch.distributed as dist
-    import torch.distributed.device_mesh as device_mesh
-    import torch.nn.parallel as parallel
-
-    for name in COLLECTIVES:
-        setattr(dist, name, _queued(name, getattr(dist, name)))
-    dist.send = _p2p("send", dist.send, dist.isend)
-    dist.recv = _p2p("recv", dist.recv, dist.irecv)
-    dist.init_process_group = _init_process_group(dist.init_process_group)
-    dist.get_backend = _get_backend(dist.get_backend)
-    dist.new_group = _new_group(dist.new_group)
-
-    real_init_mesh = device_mesh.init_device_mesh
-
-    @functools.wraps(real_init_mesh)
-    def init_device_mesh(device_type, *args, **kwargs):
-        return real_init_mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
-
-    device_mesh.init_device_mesh = init_device_mesh
-    real_mesh_init = device_mesh.DeviceMesh.__init__
-
-    @functools.wraps(real_mesh_init)
-    def mesh_init(self, device_type, *args, **kwargs):
-        real_mesh_init(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
-
-    device_mesh.DeviceMesh.__init__ = mesh_init
-    real_from_group = device_mesh.DeviceMesh.from_group
-
-    def from_group(group, device_type, *args, **kwargs):
-        return real_from_group(group, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
-
-    device_mesh.DeviceMesh.from_group = staticmethod(from_group)
-
-    real_ddp_init = parallel.DistributedDataParallel.__init__
-
-    @functools.wraps(real_ddp_init)
-    def ddp_init(self, module, device_ids=None, output_device=None, *args, **kwargs):
-        real_ddp_init(self, module, None, None, *args, **kwargs)  # the module is on the CPU
-
-    parallel.DistributedDataParallel.__init__ = ddp_init
-    # nn.DataParallel runs the module as it is (the package's name data_parallel is also a function's)
-    sys.modules["torch.nn.parallel.data_parallel"]._get_available_device_type = lambda: None
-
-
 def install() -> bool:
     """Present ``PARLAB_SIMULATE_GPUS`` GPUs in this process (and, through ``PYTHONPATH``, in the Python
     processes it starts). Does nothing when the variable is unset; safe to call again."""
@@ -509,11 +274,13 @@ def install() -> bool:
         return _state.installed
     import torch
 
-    for name, fn in _cuda_functions(torch.cuda.is_initialized).items():
+    from parlab.lab.launch.simgpu import cuda, distributed
+
+    for name, fn in cuda.functions(torch.cuda.is_initialized).items():
         setattr(torch.cuda, name, fn)
     for name in ("_record_memory_history", "_snapshot", "_dump_snapshot"):
         setattr(torch.cuda.memory, name, needs_real_gpu("the CUDA caching allocator's history"))
-    _patch_distributed()
+    distributed.patch()
     _mode_class()().__enter__()  # for the rest of the process
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if SITE not in paths:

@@ -1,0 +1,113 @@
+"""The simulated GPUs' ``torch.cuda``: a machine with GPUs, as ``parlab.lab.launch.simgpu`` presents it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from parlab.lab.launch.simgpu import MEMORY, NAME, Unmeasured, _index, _state, needs_real_gpu, visible, wait_all
+
+class Event:
+    """``torch.cuda.Event``: a host timestamp taken when recorded (the queued collectives waited for first)."""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self.enable_timing, self.at = enable_timing, None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        if self.at is None or end.at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end.at - self.at) * 1e3
+
+    def synchronize(self):
+        wait_all()
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream=None):
+        pass
+
+
+class Stream:
+    """``torch.cuda.Stream``: one queue, the host's."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device = device
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def synchronize(self):
+        wait_all()
+
+    def query(self) -> bool:
+        return True
+
+
+_STREAM = Stream()
+
+
+class _Properties:
+    def __init__(self, index: int):
+        self.name, self.total_memory, self.uuid = NAME, MEMORY, f"GPU-sim-{index}"
+        self.major, self.minor, self.multi_processor_count = 9, 0, 132
+
+    def __repr__(self):
+        return f"_CudaDeviceProperties(name='{self.name}', total_memory={self.total_memory >> 20}MB, uuid={self.uuid})"
+
+
+
+def functions(real_is_initialized) -> dict:
+    def set_device(device):
+        _state.current, _state.initialized = _index(device), True
+
+    def is_initialized():
+        return _state.initialized or real_is_initialized()
+
+    def synchronize(device=None):
+        wait_all()
+
+    def get_device_properties(device=None):
+        index = _index(device)
+        seen = visible()
+        if not 0 <= index < len(seen):
+            raise AssertionError("Invalid device id")  # torch's own message
+        return _Properties(seen[index])
+
+    @contextlib.contextmanager
+    def stream(s=None):
+        yield
+
+    what = "a GPU memory figure (the simulated GPUs' tensors live on the CPU)"
+
+    def memory(device=None):
+        return Unmeasured(what)
+
+    def mem_get_info(device=None):
+        return Unmeasured(what), Unmeasured(what)
+
+    return {
+        "is_available": lambda: True, "device_count": lambda: len(visible()), "set_device": set_device,
+        "current_device": lambda: _state.current, "is_initialized": is_initialized, "synchronize": synchronize,
+        "get_device_properties": get_device_properties, "get_device_name": lambda device=None: NAME,
+        "get_device_capability": lambda device=None: (9, 0), "is_bf16_supported": lambda *a, **k: True,
+        "mem_get_info": mem_get_info, "memory_allocated": memory, "max_memory_allocated": memory,
+        "memory_reserved": memory, "max_memory_reserved": memory, "memory_stats": needs_real_gpu(what),
+        "set_per_process_memory_fraction": needs_real_gpu("a cap on GPU memory"),
+        "reset_peak_memory_stats": lambda device=None: None, "reset_max_memory_allocated": lambda device=None: None,
+        "empty_cache": lambda: None,
+        "Event": Event, "Stream": Stream, "stream": stream, "current_stream": lambda device=None: _STREAM,
+        "default_stream": lambda device=None: _STREAM,
+    }
+

@@ -4,6 +4,7 @@ device count. No two launches hold one GPU; a lease ends when its process ends, 
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from parlab.course import cli
 from parlab.lab.launch import LaunchError, lease, make_plan
+from conftest import wait_gone
 
 
 def eight():
@@ -303,3 +305,100 @@ def test_a_queue_file_nobody_may_write_is_named(box, tmp_path):
     (folder / "queue.lock").symlink_to(tmp_path / "elsewhere")  # never followed
     with pytest.raises(LaunchError, match=r"cannot open the GPU queue's file .*queue.lock .*PARLAB_GPU_LOCKS"):
         lease.acquire(1, env=dict(box, PARLAB_GPUS="0"), wait=0)
+
+
+# -- when a launch takes its lease: once its ranks wait for their spec -------------------------------------
+
+def _watch_a_start(monkeypatch, start_method, gpus):
+    """What happens, in order, when a GPU launch starts: each rank starting (and whether any of ``gpus`` was
+    held then), the lease, and each rank's spec (its environment's CUDA_VISIBLE_DEVICES)."""
+    from parlab.lab.launch import _loop, _spawn, _zygote
+
+    events = []
+
+    def held():
+        return any(h is not None for h in lease.holders_of(gpus).values())
+
+    real_with = _loop._zygote_with
+    monkeypatch.setattr(_loop, "_zygote_with", lambda *a, **k: events.append(("zygote", held())) or real_with(*a, **k))
+    real_spawn = _zygote._Zygote.spawn
+    monkeypatch.setattr(_zygote._Zygote, "spawn", lambda self: events.append(("rank", held())) or real_spawn(self))
+
+    class Spawned(_spawn.SpawnedRank):
+        def __init__(self, rank):
+            events.append(("rank", held()))
+            super().__init__(rank)
+
+    monkeypatch.setattr(_spawn, "SpawnedRank", Spawned)
+    real_acquire = lease.acquire
+    monkeypatch.setattr(lease, "acquire", lambda *a, **k: events.append(("lease", held())) or real_acquire(*a, **k))
+    real_try = _loop._try
+
+    def sending(fn, *args):
+        spec = pickle.loads(args[0]) if getattr(fn, "__name__", "") == "send_bytes" else {}
+        if "env" in spec:
+            events.append(("spec", spec["env"].get("CUDA_VISIBLE_DEVICES")))
+        return real_try(fn, *args)
+
+    monkeypatch.setattr(_loop, "_try", sending)
+    return events
+
+
+@pytest.mark.usefixtures("no_leftover_ranks")
+@pytest.mark.parametrize("start_method", ["zygote", "spawn"])
+def test_a_launch_leases_its_gpus_once_its_ranks_wait_for_their_spec(box, monkeypatch, start_method):
+    """A kernel's first launch starts the zygote (seconds of importing torch); spawned ranks import torch on
+    every launch. No GPU may be held meanwhile: the lease comes after the ranks, before their spec."""
+    from parlab.lab.launch._loop import _Launch
+    from parlab.lab.launch.plan import Plan
+
+    monkeypatch.setenv("PARLAB_GPUS", "4,5")
+    events = _watch_a_start(monkeypatch, start_method, ["4", "5"])
+    run = _Launch(Plan(2, "nccl", "cuda", 1, 30.0, gpus=2), b"", "none", start_method, announce=False)
+    try:
+        run.start()  # GPU mode, as a 2-GPU pool plans it; the CPU ranks never get further than their spec
+        assert run.gpus.gpus == ["4", "5"] and run.gpus.granted_at is not None
+    finally:
+        run.close()
+    starting = [e for e in events if e[0] in ("zygote", "rank")]
+    assert len(starting) == 2 + (start_method == "zygote") and not any(h for _, h in starting), events
+    assert [kind for kind, _ in events][len(starting):] == ["lease", "spec", "spec"], events
+    assert [e for e in events if e[0] == "spec"] == [("spec", "4,5")] * 2  # the ranks see only the leased GPUs
+    assert run.gpus.released_at >= run.gpus.granted_at
+
+
+@pytest.mark.usefixtures("no_leftover_ranks")
+def test_a_launch_that_cannot_lease_or_is_interrupted_leaves_no_rank(box, monkeypatch, capsys):
+    """The ranks exist before the lease now: a lease that times out or is interrupted must still stop them."""
+    import parlab
+    from parlab.lab.launch import _zygote
+
+    forked = []
+    real_spawn = _zygote._Zygote.spawn
+
+    def spawn(self):
+        rank = real_spawn(self)
+        forked.append(rank.pid)
+        return rank
+
+    monkeypatch.setattr(_zygote._Zygote, "spawn", spawn)
+    monkeypatch.setenv("PARLAB_GPUS", "0,1")
+    monkeypatch.setenv("PARLAB_GPU_WAIT", "0")
+    proc, _ = _holder(box, 2, "0,1")  # another learner holds both GPUs of the pool
+    try:
+        with pytest.raises(LaunchError, match=r"2 free GPU\(s\) needed .* only 0 were free"):
+            parlab.launch(lambda: None, 2, announce=False)  # GPU mode: the pool has 2 GPUs
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait()
+    assert len(forked) == 2 and wait_gone(forked) == []
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lease, "acquire", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        parlab.launch(lambda: None, 2, announce=False)
+    assert len(forked) == 4 and wait_gone(forked) == []
+    assert "parlab: interrupted; stopped 2 ranks" in capsys.readouterr().err

@@ -116,8 +116,11 @@ class Lease:
     ticket: int | None = None  # its number in the queue (first come, first served)
     granted_at: float | None = None  # time.monotonic() when it got its GPUs
     waited: float = 0.0  # seconds from asking to getting them
+    released_at: float | None = None  # time.monotonic() when it first let them go (``parlab check``'s hold time)
 
     def release(self) -> None:
+        if self.released_at is None:
+            self.released_at = time.monotonic()
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)  # no stale holder once free
@@ -144,7 +147,7 @@ def acquire(world_size: int, *, env=None, device_count=None, wait: float | None 
     env = env if env is not None else os.environ
     gpus = pool(env, device_count)
     if gpus is None:
-        return Lease()
+        return Lease(granted_at=time.monotonic())
     if world_size > len(gpus):
         raise LaunchError(f"world_size={world_size} needs {world_size} GPUs, but PARLAB_GPUS={requested(env)!r} "
                           f"gives this session {len(gpus)} ({', '.join(gpus) or 'none'})")

@@ -35,6 +35,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -291,12 +292,24 @@ def _lock_path(folder: str, gpu: str) -> str:
 
 
 def _make_lock_dir(folder: str) -> None:
-    try:
-        os.makedirs(folder)
-    except FileExistsError:
+    """Create the lock folder, for every learner on the machine: mode 1777 (like /tmp, anyone may add a file,
+    none may delete another's), whatever the umask. It appears complete or not at all: made under another
+    name, then renamed, so that another learner never finds it while it is still private to its creator."""
+    if os.path.isdir(folder):
         return
-    with contextlib.suppress(PermissionError):
-        os.chmod(folder, 0o1777)  # every learner on the machine locks here; like /tmp, none may delete another's file
+    parent = os.path.dirname(os.path.abspath(folder))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        fresh = tempfile.mkdtemp(prefix=".parlab-gpus-", dir=parent)
+    except OSError as exc:
+        raise LaunchError(f"cannot create the GPU lock folder {folder} ({exc.strerror}): set PARLAB_GPU_LOCKS to a "
+                          f"folder every learner can write (mode 1777), or create this one with that mode.") from None
+    try:
+        os.chmod(fresh, 0o1777)
+        os.rename(fresh, folder)
+    except OSError:  # another learner's came first
+        with contextlib.suppress(OSError):
+            os.rmdir(fresh)
 
 
 def _try_lock(path: str) -> int | None:

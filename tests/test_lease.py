@@ -552,3 +552,23 @@ def test_a_lock_folder_that_cannot_be_made_is_named(box, tmp_path):
     with lease.acquire(1, env=dict(box, PARLAB_GPUS="0"), wait=0):  # made whole, for everyone, whatever the umask
         assert os.stat(box["PARLAB_GPU_LOCKS"]).st_mode & 0o7777 == 0o1777
     assert [n for n in os.listdir(tmp_path) if n.startswith(".parlab-gpus-")] == []
+
+
+def test_one_line_puts_a_chapter_on_the_cpu(box, monkeypatch, capsys):
+    """docs/workshop.md: chapter 07's 8 ranks would take a whole shared pool of 8 for each launch; the line
+    first in its Parameters cell hides the GPUs from that kernel, and its launches run on the CPU instead."""
+    import pathlib
+
+    from IPython.core.magics.osm import OSMagics
+
+    line = "%env CUDA_VISIBLE_DEVICES="
+    guide = pathlib.Path(__file__).parents[1] / "docs" / "workshop.md"
+    assert f"`{line}`" in guide.read_text()
+    monkeypatch.setenv("PARLAB_GPUS", "auto")
+    assert make_plan(8).device_type == "cuda"  # the pool: every GPU of the box
+    OSMagics(shell=None).env(line.split(" ", 1)[1])  # as the notebook runs it
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and "env: CUDA_VISIBLE_DEVICES=" in capsys.readouterr().out
+    plan = make_plan(8)
+    assert (plan.device_type, plan.backend, plan.gpus) == ("cpu", "gloo", 0)
+    with lease.acquire(8, env=dict(box, PARLAB_GPUS="auto"), wait=0) as other:  # the others' launches: all 8
+        assert other.gpus == [str(i) for i in range(8)]

@@ -12,14 +12,16 @@ its ranks run, and no two launches on the machine hold the same GPU at once:
 - ``PARLAB_GPUS=auto``: the pool is every GPU this process sees; a launch takes any free ones.
 
 A lease is an exclusive ``flock`` on one file per GPU in ``PARLAB_GPU_LOCKS`` (default
-``/tmp/parlab-gpus``), shared by every user on the machine. The operating system drops a flock when the
-process holding it ends, however it ends (a crashed or killed kernel too), so a GPU is never left locked
-by a process that is gone. The ranks see only the leased GPUs (``CUDA_VISIBLE_DEVICES``), so rank ``r``
-still computes on ``cuda:r``. When too few GPUs of the pool are free, the launch waits up to
-``PARLAB_GPU_WAIT`` seconds (default 600), saying who holds them, then fails naming them. Waiting
-launches are served first come, first served, in a queue in the same folder (``_queue.py``), and each
-says its place in it. Each lock file records its holder (user, process, since when, which notebook);
-``parlab check`` shows it, and the queue.
+``/tmp/parlab-gpus``), shared by every user on the machine: the folder is made with mode 1777 and the
+lock files 0666, whatever the umask of the learner who made them (tested with two Unix users). The
+operating system drops a flock when the process holding it ends, however it ends (a crashed or killed
+kernel too), so a GPU is never left locked by a process that is gone. The ranks see only the leased GPUs
+(``CUDA_VISIBLE_DEVICES``), so rank ``r`` still computes on ``cuda:r``. A launch leases once its ranks
+have started (``_loop.ranks_then_lease``), so no GPU is held while a kernel's zygote imports torch. When
+too few GPUs of the pool are free, the launch waits up to ``PARLAB_GPU_WAIT`` seconds (default 600),
+saying who holds them, then fails naming them. Waiting launches are served first come, first served, in
+a queue in the same folder (``_queue.py``), and each says its place in it. Each lock file records its
+holder (user, process, since when, which notebook); ``parlab check`` shows it, and the queue.
 
 The pool's size comes from an injectable device count, so all of this is tested without GPUs.
 """

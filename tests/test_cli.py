@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,9 @@ def test_check_reports_and_passes():
     for heading in ("Versions", "Backends", "Hardware", "Smoke test: all_reduce"):
         assert heading in out.stdout
     assert "gloo · CPU  ok (2 ranks" in out.stdout
+    hold = re.search(r"^hold\s+(\d+\.\d\d) s from lease to release, median of 3 small launches \(2 ranks, gloo on "
+                     r"the CPU", out.stdout, re.M)  # what docs/workshop.md sizes a shared machine from
+    assert hold and 0 < float(hold.group(1)) < 30, out.stdout
     assert out.stdout.rstrip().endswith("Ready.")
 
 

@@ -4,6 +4,7 @@ device count. No two launches hold one GPU; a lease ends when its process ends, 
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from parlab.course import cli
 from parlab.lab.launch import LaunchError, lease, make_plan
+from conftest import wait_gone
 
 
 def eight():
@@ -303,3 +305,270 @@ def test_a_queue_file_nobody_may_write_is_named(box, tmp_path):
     (folder / "queue.lock").symlink_to(tmp_path / "elsewhere")  # never followed
     with pytest.raises(LaunchError, match=r"cannot open the GPU queue's file .*queue.lock .*PARLAB_GPU_LOCKS"):
         lease.acquire(1, env=dict(box, PARLAB_GPUS="0"), wait=0)
+
+
+# -- when a launch takes its lease: once its ranks wait for their spec -------------------------------------
+
+def _watch_a_start(monkeypatch, start_method, gpus):
+    """What happens, in order, when a GPU launch starts: each rank starting (and whether any of ``gpus`` was
+    held then), the lease, and each rank's spec (its environment's CUDA_VISIBLE_DEVICES)."""
+    from parlab.lab.launch import _loop, _spawn, _zygote
+
+    events = []
+
+    def held():
+        return any(h is not None for h in lease.holders_of(gpus).values())
+
+    real_with = _loop._zygote_with
+    monkeypatch.setattr(_loop, "_zygote_with", lambda *a, **k: events.append(("zygote", held())) or real_with(*a, **k))
+    real_spawn = _zygote._Zygote.spawn
+    monkeypatch.setattr(_zygote._Zygote, "spawn", lambda self: events.append(("rank", held())) or real_spawn(self))
+
+    class Spawned(_spawn.SpawnedRank):
+        def __init__(self, rank):
+            events.append(("rank", held()))
+            super().__init__(rank)
+
+    monkeypatch.setattr(_spawn, "SpawnedRank", Spawned)
+    real_acquire = lease.acquire
+    monkeypatch.setattr(lease, "acquire", lambda *a, **k: events.append(("lease", held())) or real_acquire(*a, **k))
+    real_try = _loop._try
+
+    def sending(fn, *args):
+        spec = pickle.loads(args[0]) if getattr(fn, "__name__", "") == "send_bytes" else {}
+        if "env" in spec:
+            events.append(("spec", spec["env"].get("CUDA_VISIBLE_DEVICES")))
+        return real_try(fn, *args)
+
+    monkeypatch.setattr(_loop, "_try", sending)
+    return events
+
+
+@pytest.mark.usefixtures("no_leftover_ranks")
+@pytest.mark.parametrize("start_method", ["zygote", "spawn"])
+def test_a_launch_leases_its_gpus_once_its_ranks_wait_for_their_spec(box, monkeypatch, start_method):
+    """A kernel's first launch starts the zygote (seconds of importing torch); spawned ranks import torch on
+    every launch. No GPU may be held meanwhile: the lease comes after the ranks, before their spec."""
+    from parlab.lab.launch._loop import _Launch
+    from parlab.lab.launch.plan import Plan
+
+    monkeypatch.setenv("PARLAB_GPUS", "4,5")
+    events = _watch_a_start(monkeypatch, start_method, ["4", "5"])
+    run = _Launch(Plan(2, "nccl", "cuda", 1, 30.0, gpus=2), b"", "none", start_method, announce=False)
+    try:
+        run.start()  # GPU mode, as a 2-GPU pool plans it; the CPU ranks never get further than their spec
+        assert run.gpus.gpus == ["4", "5"] and run.gpus.granted_at is not None
+    finally:
+        run.close()
+    starting = [e for e in events if e[0] in ("zygote", "rank")]
+    assert len(starting) == 2 + (start_method == "zygote") and not any(h for _, h in starting), events
+    assert [kind for kind, _ in events][len(starting):] == ["lease", "spec", "spec"], events
+    assert [e for e in events if e[0] == "spec"] == [("spec", "4,5")] * 2  # the ranks see only the leased GPUs
+    assert run.gpus.released_at >= run.gpus.granted_at
+
+
+@pytest.mark.usefixtures("no_leftover_ranks")
+def test_a_launch_that_cannot_lease_or_is_interrupted_leaves_no_rank(box, monkeypatch, capsys):
+    """The ranks exist before the lease now: a lease that times out or is interrupted must still stop them."""
+    import parlab
+    from parlab.lab.launch import _zygote
+
+    forked = []
+    real_spawn = _zygote._Zygote.spawn
+
+    def spawn(self):
+        rank = real_spawn(self)
+        forked.append(rank.pid)
+        return rank
+
+    monkeypatch.setattr(_zygote._Zygote, "spawn", spawn)
+    monkeypatch.setenv("PARLAB_GPUS", "0,1")
+    monkeypatch.setenv("PARLAB_GPU_WAIT", "0")
+    with lease.acquire(2, env=dict(box, PARLAB_GPUS="0,1"), wait=0):  # another launch holds both GPUs of the pool
+        with pytest.raises(LaunchError, match=r"2 free GPU\(s\) needed .* only 0 were free"):
+            parlab.launch(lambda: None, 2, announce=False)  # GPU mode: the pool has 2 GPUs
+    assert len(forked) == 2 and wait_gone(forked) == []
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lease, "acquire", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        parlab.launch(lambda: None, 2, announce=False)
+    assert len(forked) == 4 and wait_gone(forked) == []
+    assert "parlab: interrupted; stopped 2 ranks" in capsys.readouterr().err
+
+
+# -- two learners are two Unix users ---------------------------------------------------------------------
+
+# One learner's side, run as that user: lease.py and _queue.py need nothing but the standard library, so the
+# package's __init__ (which imports torch) is skipped and each side starts in milliseconds.
+SIDE = textwrap.dedent("""
+    import json, os, sys, types
+    src, folder, what = sys.argv[1:4]
+    for name in ("parlab", "parlab.lab", "parlab.lab.launch"):
+        module = types.ModuleType(name)
+        module.__path__ = [os.path.join(src, *name.split("."))]
+        sys.modules[name] = module
+    from parlab.lab.launch import lease
+    if what == "waiting":
+        print("waiting", json.dumps([w.get("user") for w in lease.waiting(folder)]), flush=True)
+        sys.exit()
+    n, gpus, wait = int(sys.argv[4]), sys.argv[5], float(sys.argv[6])
+    env = {"PARLAB_GPUS": gpus, "PARLAB_GPU_LOCKS": folder}
+    try:
+        held = lease.acquire(n, env=env, device_count=lambda: 8, wait=wait, what=what,
+                             echo=lambda line: print("said", line, flush=True))
+    except lease.LaunchError as exc:
+        print("refused", exc, flush=True)
+        sys.exit()
+    print("got", ",".join(held.gpus), flush=True)
+    sys.stdin.readline()  # hold until told
+""")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+@pytest.fixture(scope="module")
+def learners():
+    """Two Unix users, alice's and bob's stand-ins, and a Python both may run; removed afterwards."""
+    import pwd
+    import shutil
+
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip("two learners need two Unix users: creating them needs root (CI runs as root)")
+    if not shutil.which("useradd") or not shutil.which("userdel"):
+        pytest.skip("two learners need two Unix users, and useradd/userdel are missing")
+    names = [f"parlab-{who}-{os.getpid()}" for who in ("a", "b")]
+    made = []
+    try:
+        for name in names:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--user-group", "--shell", "/bin/false", name],
+                           check=True, capture_output=True)
+            made.append(name)
+        users = [pwd.getpwnam(name) for name in names]
+        for python in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
+            try:  # this interpreter may live in a folder other users cannot enter (e.g. under /root)
+                if python and subprocess.run([python, "-c", "import fcntl"], user=users[0].pw_uid,
+                                             group=users[0].pw_gid, extra_groups=[], cwd="/",
+                                             capture_output=True).returncode == 0:
+                    break
+            except PermissionError:
+                pass
+        else:
+            pytest.skip("no Python interpreter that another Unix user may run")
+        yield python, users
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], capture_output=True)
+
+
+class _Side:
+    """One learner's process: asks for GPUs as ``user``, with the umask that keeps their files private."""
+
+    def __init__(self, python, user, folder, *args):
+        self.proc = subprocess.Popen([python, "-c", SIDE, SRC, folder, *map(str, args)], user=user.pw_uid,
+                                     group=user.pw_gid, extra_groups=[], umask=0o077, cwd="/",
+                                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.said = []
+
+    def until(self, *words) -> str:
+        """Read its lines up to one that starts with one of ``words`` (each waiter gives up within its wait)."""
+        for line in self.proc.stdout:
+            self.said.append(line.rstrip("\n"))
+            if line.startswith(words):
+                return line.rstrip("\n")
+        raise AssertionError(f"it ended saying {self.said} {self.proc.stderr.read()[-2000:]}")
+
+    def let_go(self) -> None:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        self.proc.wait(30)
+
+
+def _tickets(folder):
+    return sorted(n for n in os.listdir(folder) if n.startswith("ticket-"))  # looked at, never removed
+
+
+def test_two_unix_users_share_the_lock_folder_and_the_queue(learners):
+    """Each learner keeps their files private (umask 077). Still: the first creates the lock folder for both;
+    each may lock the other's GPU files and read who holds them; a waiter behind the other's waiter, which is
+    then killed, is served; the dead waiter's ticket, which only its owner may remove, is skipped."""
+    import shutil
+    import stat
+    import tempfile
+
+    python, (alice, bob) = learners
+    base = tempfile.mkdtemp(prefix="parlab-learners-")  # pytest's own folders are private to root
+    os.chmod(base, 0o1777)  # a /tmp of their own
+    folder = os.path.join(base, "locks")
+    sides = []
+
+    def side(user, *args):
+        sides.append(_Side(python, user, folder, *args))
+        return sides[-1]
+
+    try:
+        holder = side(alice, "holder", 2, "0,1,2,3", 0)
+        assert holder.until("got", "refused") == "got 0,1"  # she created the folder, for everyone
+        mode = os.stat(folder)
+        assert (stat.S_IMODE(mode.st_mode), mode.st_uid) == (0o1777, alice.pw_uid)
+        assert stat.S_IMODE(os.stat(os.path.join(folder, "gpu-0.lock")).st_mode) == 0o666
+        refused = side(bob, "all four", 4, "0,1,2,3", 0).until("got", "refused")
+        assert "only 2 were free" in refused and f"GPU 0 by {alice.pw_name} (pid {holder.proc.pid}" in refused
+        other = side(bob, "two more", 2, "0,1,2,3", 0)
+        assert other.until("got", "refused") == "got 2,3"  # his lock files now: she must be able to lock them
+        other.let_go()
+        waiter = side(alice, "her second notebook", 4, "0,1,2,3", 60)
+        assert waiter.until("said", "got", "refused").startswith("said parlab: waiting for 4 free GPU(s)")
+        behind = side(bob, "behind her", 2, "0,1,2,3", 60)
+        assert "place 2 in the queue (1 launch ahead of this one)" in behind.until("said", "got", "refused")
+        assert len(_tickets(folder)) == 2
+        waiter.proc.kill()  # her kernel is killed while it waits: its ticket stays, its lock is gone
+        waiter.proc.wait()
+        holder.let_go()
+        assert behind.until("got", "refused") == "got 0,1"  # served; her dead ticket did not block him
+        behind.let_go()
+        dead = _tickets(folder)
+        assert len(dead) == 1 and os.stat(os.path.join(folder, dead[0])).st_uid == alice.pw_uid  # sticky: his
+        assert side(bob, "waiting").until("waiting") == "waiting []"  # parlab check, as bob: nobody waits
+        again = side(alice, "her next launch", 1, "0,1,2,3", 0)
+        assert again.until("got", "refused") == "got 0"
+        again.let_go()
+        assert _tickets(folder) == []  # her own next launch removed it
+    finally:
+        for s in sides:
+            s.proc.kill()
+            s.proc.wait()
+            for stream in (s.proc.stdin, s.proc.stdout, s.proc.stderr):
+                stream.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_lock_folder_that_cannot_be_made_is_named(box, tmp_path):
+    (tmp_path / "a file").write_text("")
+    with pytest.raises(LaunchError, match=r"cannot create the GPU lock folder .*a file/locks .*PARLAB_GPU_LOCKS"):
+        lease.acquire(1, env=dict(box, PARLAB_GPUS="0", PARLAB_GPU_LOCKS=str(tmp_path / "a file" / "locks")), wait=0)
+    with lease.acquire(1, env=dict(box, PARLAB_GPUS="0"), wait=0):  # made whole, for everyone, whatever the umask
+        assert os.stat(box["PARLAB_GPU_LOCKS"]).st_mode & 0o7777 == 0o1777
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".parlab-gpus-")] == []
+
+
+def test_one_line_puts_a_chapter_on_the_cpu(box, monkeypatch, capsys):
+    """docs/workshop.md: chapter 07's 8 ranks would take a whole shared pool of 8 for each launch; the line
+    first in its Parameters cell hides the GPUs from that kernel, and its launches run on the CPU instead."""
+    import pathlib
+
+    from IPython.core.magics.osm import OSMagics
+
+    line = "%env CUDA_VISIBLE_DEVICES="
+    guide = pathlib.Path(__file__).parents[1] / "docs" / "workshop.md"
+    assert f"`{line}`" in guide.read_text()
+    monkeypatch.setenv("PARLAB_GPUS", "auto")
+    assert make_plan(8).device_type == "cuda"  # the pool: every GPU of the box
+    OSMagics(shell=None).env(line.split(" ", 1)[1])  # as the notebook runs it
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and "env: CUDA_VISIBLE_DEVICES=" in capsys.readouterr().out
+    plan = make_plan(8)
+    assert (plan.device_type, plan.backend, plan.gpus) == ("cpu", "gloo", 0)
+    with lease.acquire(8, env=dict(box, PARLAB_GPUS="auto"), wait=0) as other:  # the others' launches: all 8
+        assert other.gpus == [str(i) for i in range(8)]

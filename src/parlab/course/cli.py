@@ -91,6 +91,50 @@ def leases() -> tuple[str, int | None]:
     return _table("GPU leases", rows), lease.pool_size()
 
 
+def launch_hold(usable: int | None, launches: int = 3) -> str:
+    """Workshop sizing: how long one small launch holds its GPUs here, from its lease to its release (the
+    median of ``launches``); docs/workshop.md sizes a shared machine's queue from it. Where fewer than 2 GPUs
+    are usable, it times the CPU launch instead and says so: that number is no GPU's."""
+    import torch
+    import torch.distributed as dist
+
+    import parlab
+    from parlab.lab.launch import _pickling
+    from parlab.lab.launch._loop import _Launch
+    from parlab.lab.launch.launcher import default_start_method
+    from parlab.lab.launch.plan import make_plan
+
+    def steps():  # a chapter's launch in small: a model, a few steps, its gradients all-reduced
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+        model = model.to(parlab.device())
+        x = torch.randn(64, 256, device=parlab.device())
+        for _ in range(5):
+            model(x).square().mean().backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+        return model[0].weight.grad.sum().item()
+
+    gpu = dist.is_nccl_available() and (usable or 0) >= 2
+    where = "2 ranks, nccl on 2 GPUs" if gpu else "2 ranks, gloo on the CPU: fewer than 2 GPUs usable here"
+    holds = []
+    for _ in range(launches):
+        run = _Launch(make_plan(2, "nccl" if gpu else "gloo", timeout=60), _pickling.dumps((steps, (), {})), "none",
+                      default_start_method(), announce=False)
+        try:
+            run.start()
+            run.run()
+        except Exception as exc:  # noqa: BLE001 - reported as a row; the smoke test above decides Ready
+            return _table("Workshop: a launch's hold", [("hold", f"FAILED: {type(exc).__name__}: "
+                                                                 f"{str(exc).splitlines()[0]}")])
+        finally:
+            run.close()
+        holds.append(run.gpus.released_at - run.gpus.granted_at)
+    hold = sorted(holds)[len(holds) // 2]
+    return _table("Workshop: a launch's hold", [
+        ("hold", f"{hold:.2f} s from lease to release, median of {launches} small launches ({where})"),
+        ("sizing", f"python benchmarks/workshop.py --duration {hold:.2f} (docs/workshop.md, How many learners)")])
+
+
 def check() -> int:
     import torch
     import torch.distributed as dist
@@ -130,6 +174,7 @@ def check() -> int:
     else:
         rows.append(("nccl · GPU", f"skipped: needs 2 GPUs, {usable if usable is not None else 'none'} usable"))
     print(_table("Smoke test: all_reduce", rows))
+    print(launch_hold(usable))
     print("Ready." if all_ok else "Some checks FAILED (see above).")
     return 0 if all_ok else 1
 

@@ -99,8 +99,6 @@ class _Launch:
 
     # -- starting ------------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.plan.device_type == "cuda":  # on a shared machine, GPUs no other launch holds (lease.py)
-            self.gpus = lease.acquire(self.plan.world_size, what=f"{self.plan.world_size} ranks")
         clean_stale_stores()  # a kernel that was killed mid-launch left its store behind
         fd, self.store_path = tempfile.mkstemp(prefix=f"{STORE_PREFIX}{os.getpid()}-")
         os.close(fd)
@@ -111,6 +109,9 @@ class _Launch:
             "cwd": os.getcwd(), "linecache": _cell_sources(), "warning_filters": _pickling.warning_filters(),
             "payload": self.payload,
         }
+        # The ranks first (a kernel's first launch starts the zygote: seconds of importing torch), then the
+        # GPUs: a lease is never held while the ranks are still starting.
+        self.gpus = ranks_then_lease(self._start_ranks, self._lease)
         base_env = dict(os.environ)
         base_env.update(
             WORLD_SIZE=str(self.plan.world_size), LOCAL_WORLD_SIZE=str(self.plan.world_size),
@@ -120,6 +121,17 @@ class _Launch:
         # rank starts, so that nothing it runs (a profiler, Timeline, the Trainer) touches a GPU it was not given.
         base_env.update(self.gpus.env if self.plan.device_type == "cuda" else {"CUDA_VISIBLE_DEVICES": NO_GPUS})
         base_env.update(gloo_interface(self.plan.group_backend, base_env))  # GPU mode's gloo half too
+        shared = pickle.dumps(common, protocol=pickle.HIGHEST_PROTOCOL)  # once: it holds the payload
+        for r in self.ranks:
+            device = f"cuda:{r.rank}" if self.plan.device_type == "cuda" else "cpu"
+            env = dict(base_env, RANK=str(r.rank), LOCAL_RANK=str(r.rank), PARLAB_DEVICE=device)
+            own = pickle.dumps({"rank": r.rank, "local_rank": r.rank, "env": env}, protocol=pickle.HIGHEST_PROTOCOL)
+            # A rank that died before reading its spec is reported by its exit, below.
+            _try(r.ctrl.send_bytes, shared)
+            _try(r.ctrl.send_bytes, own)
+
+    def _start_ranks(self) -> None:
+        """Start every rank; each waits for its spec, touching no GPU until then."""
         if self.start_method == "zygote":
             with _zygote_lock:
                 zygote = _zygote_with(_auto_preloads())
@@ -130,14 +142,13 @@ class _Launch:
 
             for rank in range(self.plan.world_size):
                 self._add(rank, SpawnedRank(rank))
-        shared = pickle.dumps(common, protocol=pickle.HIGHEST_PROTOCOL)  # once: it holds the payload
-        for r in self.ranks:
-            device = f"cuda:{r.rank}" if self.plan.device_type == "cuda" else "cpu"
-            env = dict(base_env, RANK=str(r.rank), LOCAL_RANK=str(r.rank), PARLAB_DEVICE=device)
-            own = pickle.dumps({"rank": r.rank, "local_rank": r.rank, "env": env}, protocol=pickle.HIGHEST_PROTOCOL)
-            # A rank that died before reading its spec is reported by its exit, below.
-            _try(r.ctrl.send_bytes, shared)
-            _try(r.ctrl.send_bytes, own)
+
+    def _lease(self) -> lease.Lease:
+        """GPU mode: on a shared machine, GPUs no other launch holds (lease.py); it may wait its turn. CPU
+        mode: nothing to hold, but the moment the ranks get their spec is noted all the same."""
+        if self.plan.device_type == "cuda":
+            return lease.acquire(self.plan.world_size, what=f"{self.plan.world_size} ranks")
+        return lease.Lease(granted_at=time.monotonic())
 
     def _add(self, rank: int, proc) -> None:
         r = _Rank(rank, proc)
@@ -299,6 +310,19 @@ class _Launch:
             r.proc.close()
         if self.store_path is not None:
             _try(os.unlink, self.store_path)
+
+
+def ranks_then_lease(start_ranks, take_lease) -> lease.Lease:
+    """A launch's start, in its order: ``start_ranks()``, then ``take_lease()``, whose lease it returns.
+
+    Starting the ranks can take seconds: a kernel's first launch starts the zygote, which imports torch
+    (spawned ranks import it on every launch). The ranks then wait for their spec, and cannot touch a GPU
+    before it comes: its environment names the leased GPUs (``CUDA_VISIBLE_DEVICES``). So the GPUs are
+    leased only now, and no GPU waits idle while a rank starts. If leasing fails or is interrupted, the
+    caller's ``close()`` kills the ranks. ``benchmarks/workshop.py`` simulates a workshop through this
+    same function, so the simulation keeps the launcher's order."""
+    start_ranks()
+    return take_lease()
 
 
 def clean_stale_stores(folder: str | None = None) -> list[str]:

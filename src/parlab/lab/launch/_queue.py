@@ -6,7 +6,9 @@ under that file's ``flock``, so two launches never draw the same number and numb
 launch holding the first ticket may take GPUs; the others wait behind it, so a kernel that has just
 released its GPUs goes to the back of the queue for its next launch instead of taking them straight back.
 
-A waiter holds an exclusive ``flock`` on its own ticket for as long as it waits. The operating system drops
+A waiter holds an exclusive ``flock`` on its own ticket for as long as it waits. Tickets are readable by
+every learner whatever their umask (a separate Unix user checks that lock, and ``parlab check`` reads the
+ticket's record). The operating system drops
 that lock when the process ends, however it ends, so a ticket whose lock can be taken belongs to a waiter
 that is gone: it is skipped, and removed where the folder allows (another user's file in a sticky folder
 may not be removed; it is then skipped each time). A waiter that dies never blocks the queue.
@@ -70,6 +72,8 @@ def _gone(folder: str, name: str) -> bool:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return True
+    except OSError:  # not a ticket this launch may read (not one of ours: ours are readable by all): it cannot
+        return True  # be told alive, and is skipped, so that it never blocks the queue
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two checkers never mistake each other
@@ -96,7 +100,8 @@ class Ticket:
             os.pwrite(qfd, str(self.number + 1).rjust(WIDTH).encode(), 0)  # one fixed-width write
             self.name = f"ticket-{self.number:0{WIDTH}d}-{os.getpid()}"
             self.path = os.path.join(folder, self.name)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            os.fchmod(self.fd, 0o644)  # whatever the umask: other learners test its lock and read who waits
             fcntl.flock(self.fd, fcntl.LOCK_EX)  # alive while this is held; taken before the queue lock drops
             os.pwrite(self.fd, json.dumps(dict(holder, ticket=self.number, since=time.time())).encode(), 0)
 

@@ -12,14 +12,16 @@ its ranks run, and no two launches on the machine hold the same GPU at once:
 - ``PARLAB_GPUS=auto``: the pool is every GPU this process sees; a launch takes any free ones.
 
 A lease is an exclusive ``flock`` on one file per GPU in ``PARLAB_GPU_LOCKS`` (default
-``/tmp/parlab-gpus``), shared by every user on the machine. The operating system drops a flock when the
-process holding it ends, however it ends (a crashed or killed kernel too), so a GPU is never left locked
-by a process that is gone. The ranks see only the leased GPUs (``CUDA_VISIBLE_DEVICES``), so rank ``r``
-still computes on ``cuda:r``. When too few GPUs of the pool are free, the launch waits up to
-``PARLAB_GPU_WAIT`` seconds (default 600), saying who holds them, then fails naming them. Waiting
-launches are served first come, first served, in a queue in the same folder (``_queue.py``), and each
-says its place in it. Each lock file records its holder (user, process, since when, which notebook);
-``parlab check`` shows it, and the queue.
+``/tmp/parlab-gpus``), shared by every user on the machine: the folder is made with mode 1777 and the
+lock files 0666, whatever the umask of the learner who made them (tested with two Unix users). The
+operating system drops a flock when the process holding it ends, however it ends (a crashed or killed
+kernel too), so a GPU is never left locked by a process that is gone. The ranks see only the leased GPUs
+(``CUDA_VISIBLE_DEVICES``), so rank ``r`` still computes on ``cuda:r``. A launch leases once its ranks
+have started (``_loop.ranks_then_lease``), so no GPU is held while a kernel's zygote imports torch. When
+too few GPUs of the pool are free, the launch waits up to ``PARLAB_GPU_WAIT`` seconds (default 600),
+saying who holds them, then fails naming them. Waiting launches are served first come, first served, in
+a queue in the same folder (``_queue.py``), and each says its place in it. Each lock file records its
+holder (user, process, since when, which notebook); ``parlab check`` shows it, and the queue.
 
 The pool's size comes from an injectable device count, so all of this is tested without GPUs.
 """
@@ -35,6 +37,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -116,8 +119,11 @@ class Lease:
     ticket: int | None = None  # its number in the queue (first come, first served)
     granted_at: float | None = None  # time.monotonic() when it got its GPUs
     waited: float = 0.0  # seconds from asking to getting them
+    released_at: float | None = None  # time.monotonic() when it first let them go (``parlab check``'s hold time)
 
     def release(self) -> None:
+        if self.released_at is None:
+            self.released_at = time.monotonic()
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)  # no stale holder once free
@@ -144,7 +150,7 @@ def acquire(world_size: int, *, env=None, device_count=None, wait: float | None 
     env = env if env is not None else os.environ
     gpus = pool(env, device_count)
     if gpus is None:
-        return Lease()
+        return Lease(granted_at=time.monotonic())
     if world_size > len(gpus):
         raise LaunchError(f"world_size={world_size} needs {world_size} GPUs, but PARLAB_GPUS={requested(env)!r} "
                           f"gives this session {len(gpus)} ({', '.join(gpus) or 'none'})")
@@ -288,12 +294,24 @@ def _lock_path(folder: str, gpu: str) -> str:
 
 
 def _make_lock_dir(folder: str) -> None:
-    try:
-        os.makedirs(folder)
-    except FileExistsError:
+    """Create the lock folder, for every learner on the machine: mode 1777 (like /tmp, anyone may add a file,
+    none may delete another's), whatever the umask. It appears complete or not at all: made under another
+    name, then renamed, so that another learner never finds it while it is still private to its creator."""
+    if os.path.isdir(folder):
         return
-    with contextlib.suppress(PermissionError):
-        os.chmod(folder, 0o1777)  # every learner on the machine locks here; like /tmp, none may delete another's file
+    parent = os.path.dirname(os.path.abspath(folder))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        fresh = tempfile.mkdtemp(prefix=".parlab-gpus-", dir=parent)
+    except OSError as exc:
+        raise LaunchError(f"cannot create the GPU lock folder {folder} ({exc.strerror}): set PARLAB_GPU_LOCKS to a "
+                          f"folder every learner can write (mode 1777), or create this one with that mode.") from None
+    try:
+        os.chmod(fresh, 0o1777)
+        os.rename(fresh, folder)
+    except OSError:  # another learner's came first
+        with contextlib.suppress(OSError):
+            os.rmdir(fresh)
 
 
 def _try_lock(path: str) -> int | None:

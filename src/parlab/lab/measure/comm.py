@@ -186,10 +186,6 @@ class GpuTiming:
         ran = nccl_seconds(self.work)
         return (ready if ran is None else min(end, max(ready, end - ran))), end
 
-    def seconds(self) -> float:
-        self.end.synchronize()
-        return self.ready.elapsed_time(self.end) / 1e3
-
 
 @dataclass(frozen=True)
 class PendingRecord:

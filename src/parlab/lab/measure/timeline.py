@@ -62,14 +62,17 @@ class Timeline(Attached):
 
     def __init__(self, sync: bool | None = None):
         from parlab.lab import runtime
-        from parlab.lab.measure.gpu_clock import GpuClock
+        from parlab.lab.measure import gpu_clock
 
+        self.device = runtime.device()
+        if self.device.type == "cuda":  # drained before the barrier: each rank's GPU is idle at the common zero
+            gpu_clock.cuda.synchronize(self.device)
         if dist.is_initialized():
             dist.barrier()
+        self.zero = time.perf_counter()
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.device = runtime.device()
-        self.clock = GpuClock(self.device) if self.device.type == "cuda" else None
-        self.zero = self.clock.host_zero if self.clock is not None else time.perf_counter()
+        # GPU mode: the reference event, recorded on an idle GPU at (nearly) the zero; its readings are host times
+        self.clock = gpu_clock.GpuClock(self.device, drain=False) if self.device.type == "cuda" else None
         self.sync = bool(sync) and self.clock is not None
         self._events: list[Event] = []
         self._pending: list[tuple] = []  # GPU spans: (name, kind, start event, end event), read with events

@@ -168,7 +168,6 @@ def _placement():
             busy(100)
             late = communicate("all_reduce", torch.ones(1024, device=device), async_op=True, label="after")
         late.wait()
-        timed = nccl_seconds(late) is not None
         if device.type == "cuda":  # ZeRO-3's wait: the compute stream stalls for an all-reduce issued late
             side = torch.cuda.Stream()
             with torch.cuda.stream(side):
@@ -177,7 +176,8 @@ def _placement():
             started = mark()
             gather.wait()  # orders the compute stream after it: the host goes on
             span_since("wait gather", started, "idle")
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # NCCL's events are complete: its own duration can be read
+    timed = nccl_seconds(late) is not None
     return [(e.name, e.kind, e.start, e.end) for e in timeline.events], timed, len(log.records)
 
 

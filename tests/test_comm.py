@@ -1,11 +1,15 @@
 """Communication accounting: every collective recorded with the right op, bytes and group size."""
 
+import contextlib
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import parlab
 from parlab.lab.measure import (
+    Event,
     bus_factor,
     busbw,
     comm_table,
@@ -287,36 +291,45 @@ def test_nccl_transports_reads_the_channels_of_an_nccl_log():
 
 
 class _FakeGpuTiming:
-    """Stands in for CUDA events on CPU ranks: says when it was asked to record, and gives a known duration."""
+    """Stands in for CUDA events on CPU ranks: says when it was asked to record, and gives a known span."""
 
-    def __init__(self, device, host_start):
-        self.host_start, self.waitable, self.read = host_start, "not yet", False
+    def __init__(self, device, host_start, group=None):
+        self.device, self.host_start, self.waitable, self.read = device, host_start, "not yet", False
 
     def end_after(self, waitable=None):
         self.waitable = waitable  # a GPU would make a side stream wait on it; the host does not wait
 
-    def seconds(self):
+    def span(self, clock):
         self.read = True
-        return 0.25
+        return self.host_start + 1.0, self.host_start + 1.25
+
+
+class _NoClock:
+    """A GPU clock that must not be needed (_FakeGpuTiming reads no events)."""
+
+    def __init__(self, device, drain=True):
+        self.device = device
 
 
 def _gpu_recorded_async_all_reduce():
+    from parlab.lab.measure import comm as measure_comm
     from parlab.lab.measure.comm import CommLog
     from parlab.lab.parallel import comm as door
 
     door._on_cuda = lambda tensor: True  # this rank's tensors are "on a GPU"
     door.GpuTiming = _FakeGpuTiming
+    measure_comm.GpuClock = _NoClock
     torch.cuda.synchronize = lambda *a: (_ for _ in ()).throw(AssertionError("the host synchronised the GPU"))
     t = torch.ones(4)
     with CommLog() as log:
         work = door.communicate("all_reduce", t, async_op=True, label="bucket 0")
-        pending = list(log._pending)  # handed over at once, not timed yet
+        pending = [p for p, _ in log._pending]  # handed over at once, not timed yet
         work.wait()
     timing = pending[0].timing
     read_before = timing.read
     records = log.records
     return {"pending": len(pending), "waited_on_side": timing.waitable is work, "read_before": read_before,
-            "records": records, "value": t.tolist()}
+            "records": records, "value": t.tolist(), "issued": timing.host_start}
 
 
 def test_a_gpu_op_is_timed_by_events_when_the_log_is_read():
@@ -327,17 +340,251 @@ def test_a_gpu_op_is_timed_by_events_when_the_log_is_read():
         assert got["pending"] == 1 and got["waited_on_side"] and not got["read_before"]
         (record,) = got["records"]
         assert (record.op, record.bytes, record.label) == ("all_reduce", 16, "bucket 0")
-        assert record.seconds == pytest.approx(0.25)  # the events' time, not the host's
+        assert (record.start, record.end) == (got["issued"] + 1.0, got["issued"] + 1.25)  # the events' times
 
 
-def test_a_timeline_read_first_still_gets_the_gpu_ops_spans():
-    """A CommLog feeding a Timeline: reading the timeline's events times the log's pending GPU ops first."""
-    from parlab.lab.measure.comm import CommLog, CommRecord, PendingRecord
-    from parlab.lab.measure.timeline import Timeline
+# -- a GPU on the host's clock ----------------------------------------------------------------------------------
+# CPU torch has no CUDA, so these tests hand parlab.lab.measure.gpu_clock.cuda a simulated GPU. It keeps the
+# host's clock (time.perf_counter) but not its pace: the host only queues work, each stream runs its queue in
+# order and no earlier than the host queued it, a kernel takes simulated time, and NCCL runs a collective on a
+# stream of its own once its inputs are ready on the issuing stream and its previous collective is done.
+# wait() only makes the current stream wait, as NCCL's does; synchronize() makes the host wait (it sleeps).
 
-    tl = Timeline(sync=False)
-    log = CommLog(timeline=tl)
-    timing = _FakeGpuTiming(None, tl.zero + 1.0)
-    log(PendingRecord(CommRecord("all_reduce", 16, 2, 0.0, 0.0), timing))
+
+class _Stream:
+    def __init__(self, name):
+        self.name, self.free = name, 0.0  # free: when this stream's queue drains, on the host's clock
+
+
+class _Event:
+    def __init__(self, gpu):
+        self.gpu, self.time = gpu, None
+
+    def record(self, stream=None):
+        stream = stream if stream is not None else self.gpu.current
+        self.time = max(stream.free, time.perf_counter())  # when the GPU gets here
+
+    def synchronize(self):
+        assert self.time is not None, "an event read before it was recorded"
+        time.sleep(max(0.0, self.time - time.perf_counter()))
+
+    def elapsed_time(self, other):
+        return (other.time - self.time) * 1e3  # ms, as CUDA's
+
+
+class _Work:
+    """NCCL's Work: wait() orders the current stream after the op; _get_duration() only when timing is on."""
+
+    def __init__(self, gpu, start, end, timed):
+        self.gpu, self.start, self.end, self.timed = gpu, start, end, timed
+
+    def wait(self):
+        self.gpu.current.free = max(self.gpu.current.free, self.end)
+        return True
+
+    def _get_duration(self):
+        if not self.timed:
+            raise RuntimeError("getDuration only works if timing was enabled")
+        return (self.end - self.start) * 1e3
+
+
+class _FakeGpu:
+    """The ``torch.cuda`` the instruments use (Event, current_stream, Stream, stream, synchronize), and
+    ``kernel``/``collective`` to queue simulated work."""
+
+    def __init__(self):
+        self.current = self.compute = _Stream("compute")
+        self.nccl, self.streams, self.timed = _Stream("nccl"), [self.compute], False
+
+    def Event(self, enable_timing=False):  # noqa: N802 - torch.cuda's names
+        return _Event(self)
+
+    def current_stream(self, device=None):
+        return self.current
+
+    def Stream(self, device=None):  # noqa: N802
+        self.streams.append(_Stream("side"))
+        return self.streams[-1]
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        before, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def synchronize(self, device=None):
+        time.sleep(max(0.0, max(s.free for s in [*self.streams, self.nccl]) - time.perf_counter()))
+
+    def kernel(self, seconds):
+        self.current.free = max(self.current.free, time.perf_counter()) + seconds
+
+    def collective(self, seconds):
+        start = max(self.current.free, self.nccl.free, time.perf_counter())  # inputs ready, NCCL's stream free
+        self.nccl.free = start + seconds
+        return _Work(self, start, self.nccl.free, self.timed)
+
+
+class _Group:
+    """A process group that can switch NCCL's timing on (ProcessGroup._enable_collectives_timing)."""
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+
+    def _enable_collectives_timing(self):
+        self.gpu.timed = True
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    from parlab.lab.measure import gpu_clock
+    from parlab.lab.parallel import comm as door
+
+    fake = _FakeGpu()
+    monkeypatch.setattr(gpu_clock, "cuda", fake)
+    monkeypatch.setenv("PARLAB_DEVICE", "cuda:0")  # this process is a GPU-mode rank: timelines keep the GPU's clock
+    monkeypatch.setattr(door, "_on_cuda", lambda tensor: True)
+    monkeypatch.setattr(door, "_issue", lambda op, tensor, group, **kw: fake.collective(0.010))  # NCCL: 10 ms
+    return fake
+
+
+def _overlaps(events):
+    """Chapter 04's claim about stage 2, as its cell asserts it: a reduce-scatter started before backward ended."""
+    backward_end = max(e.end for e in events if e.name == "backward")
+    return any(e.start < backward_end for e in events if e.name.startswith("reduce_scatter"))
+
+
+def _backward_with_a_reduce_scatter(gpu, plant):
+    """An 80 ms backward on the GPU; the host issues a 10 ms reduce-scatter of its first half's gradients while
+    queuing it. plant: None (NCCL runs it beside the second half), "after compute" (its inputs are ready only
+    when the compute stream has drained: it runs after the backward) or "behind a gather" (a 100 ms collective
+    issued just before holds NCCL's stream until after the backward)."""
+    from parlab.lab.measure import CommLog, Timeline
+    from parlab.lab.parallel import comm as door
+
+    tl = Timeline()
+    with CommLog(timeline=tl) as log:
+        host_start = time.perf_counter()
+        with tl.span("backward"):
+            gpu.kernel(0.040)
+            if plant == "after compute":
+                gpu.kernel(0.040)
+            if plant == "behind a gather":
+                gpu.nccl.free = max(gpu.current.free, time.perf_counter()) + 0.100
+            door.communicate("reduce_scatter", torch.ones(4), _Group(gpu), output=torch.ones(2), async_op=True,
+                             label=0)
+            if plant != "after compute":
+                gpu.kernel(0.040)
+        issued = log._pending[0][0].record.start  # the host's issue time: where the old placement put it
+        gpu.synchronize()
+        host_end = time.perf_counter()  # the old Timeline waited for the device at the span's end
+    events = tl.events
+    rs = next(e for e in events if e.kind == "comm")
+    old = [Event(0, "backward", "compute", 0.0, host_end - tl.zero),
+           Event(0, rs.name, "comm", issued - tl.zero, issued - tl.zero + rs.seconds)]
+    return events, old, host_start - tl.zero
+
+
+
+@pytest.mark.parametrize("plant", [None, "after compute", "behind a gather"])
+def test_comm_records_sit_on_the_gpus_clock_so_an_overlap_claim_can_fail(gpu, plant):
+    """On a GPU the host issues an op long before it runs. Placed at its host issue time (the old way), a
+    reduce-scatter issued during backward always 'overlaps' it, so chapter 04's assert held by construction.
+    Placed on the GPU's clock, a planted serialisation (the op runs after the backward's compute) fails it."""
+    events, old, host_start = _backward_with_a_reduce_scatter(gpu, plant)
+    backward = next(e for e in events if e.name == "backward")
+    rs = next(e for e in events if e.kind == "comm")
+    assert rs.name == "reduce_scatter 0" and rs.seconds == pytest.approx(0.010, abs=1e-3)  # NCCL's own 10 ms
+    assert backward.seconds == pytest.approx(0.080, abs=8e-3)  # the GPU's 80 ms, though the host took µs
+    overlapped_on_the_gpu = plant is None
+    assert _overlaps(events) == overlapped_on_the_gpu  # the chapter's assert fails on a planted serialisation
+    assert _overlaps(old), "the old placement: an op issued inside the backward span always 'overlaps' it"
+    if plant is None:
+        assert rs.start == pytest.approx(backward.start + 0.040, abs=8e-3)  # beside the second half
+    else:
+        assert rs.start >= backward.end - 1e-6
+
+
+def test_without_nccls_timing_a_record_starts_where_its_inputs_were_ready(gpu):
+    """NCCL's own start (Work._get_duration, switched on by the door) is what catches an op queued behind an
+    earlier one; without it the record starts at its ready event on the issuing stream."""
+    _Group._enable_collectives_timing, before = lambda self: None, _Group._enable_collectives_timing
+    try:
+        events, _, _ = _backward_with_a_reduce_scatter(gpu, "behind a gather")
+    finally:
+        _Group._enable_collectives_timing = before
+    backward = next(e for e in events if e.name == "backward")
+    rs = next(e for e in events if e.kind == "comm")
+    assert rs.start == pytest.approx(backward.start + 0.040, abs=8e-3) and _overlaps(events)
+
+
+def _zero3_wait(gpu, compute_s, old):
+    """ZeRO-3 with prefetch: entering block 0, the host issues block 1's 60 ms all-gather, computes block 0
+    for compute_s, then waits for the gather (ZeroStage3._gather's wait span). Returns the wait's seconds.
+    old: the old spans, host times with a device-wide synchronize at each span's end."""
+    from parlab.lab.measure import Timeline
+    from parlab.lab.measure.attach import mark, span_since
+
+    tl = Timeline()
+    with tl:
+        work = gpu.collective(0.060)  # the prefetched gather, on NCCL's stream
+        started, host = mark(), time.perf_counter()
+        gpu.kernel(compute_s)
+        span_since("f block0", started)
+        if old:
+            gpu.synchronize()  # the old _span: the host waits for every stream, NCCL's too
+        started, host = mark(), time.perf_counter()
+        work.wait()
+        span_since("wait block1", started, "idle")
+        if old:
+            gpu.synchronize()
+            return time.perf_counter() - host
+    return next(e.seconds for e in tl.events if e.name == "wait block1")
+
+
+def test_zero3_wait_spans_show_a_gather_that_prefetch_did_not_hide(gpu):
+    """The wait is the compute stream's stall for the gather: 40 ms when 20 ms of compute cannot hide a
+    60 ms gather, 0 when 80 ms can. The old device-wide synchronize read about 0 in both."""
+    assert _zero3_wait(gpu, 0.020, old=False) == pytest.approx(0.040, abs=8e-3)
+    assert _zero3_wait(gpu, 0.080, old=False) == pytest.approx(0.0, abs=1e-3)
+    assert _zero3_wait(gpu, 0.020, old=True) < 8e-3  # what the old spans said of the exposed gather
+
+
+def test_p2p_messages_end_when_the_gpu_delivers_them(gpu, monkeypatch):
+    """Chapter 06's pipelines send through communicate_batch. NCCL's wait() returns at enqueue, so a host
+    time ends a message there; on the GPU's clock it ends when the 10 ms transfer does."""
+    from parlab.lab.measure import CommLog, Timeline
+    from parlab.lab.parallel import comm as door
+
+    monkeypatch.setattr(dist, "P2POp", lambda *a, **kw: a)
+    monkeypatch.setattr(dist, "get_global_rank", lambda group, rank: rank)
+    monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: [gpu.collective(0.010)])
+    tl = Timeline()
+    with CommLog(timeline=tl) as log:
+        gpu.kernel(0.040)  # the forward whose output is sent
+        (send,) = door.communicate_batch([("send", torch.ones(4), 1, "F0")])
+        send.wait()
+        enqueued = time.perf_counter() - tl.zero  # where a host time would end it
     (event,) = tl.events
-    assert (event.name, event.kind, event.start, event.end) == ("all_reduce", "comm", 1.0, 1.25) and timing.read
+    (record,) = log.records
+    assert (record.op, record.label, record.peer) == ("send", "F0", 1)
+    assert event.start == pytest.approx(0.040, abs=8e-3) and event.seconds == pytest.approx(0.010, abs=1e-3)
+    assert enqueued < event.end - 0.040  # the host's end would have cut the message to almost nothing
+
+
+def test_a_timeline_read_first_still_gets_the_gpu_ops_spans(gpu):
+    """A CommLog feeding a Timeline: reading the timeline's events places the log's pending GPU ops first, on
+    the timeline of the step they were issued in (a log may get a fresh timeline each step)."""
+    from parlab.lab.measure.comm import CommLog
+    from parlab.lab.measure.timeline import Timeline
+    from parlab.lab.parallel import comm as door
+
+    log = CommLog()
+    first = log.timeline = Timeline()
+    with log:
+        door.communicate("all_reduce", torch.ones(4), async_op=True)
+    second = log.timeline = Timeline()
+    (event,) = first.events
+    assert (event.name, event.kind) == ("all_reduce", "comm") and 0 <= event.start < event.end
+    assert second.events == [] and len(log.records) == 1

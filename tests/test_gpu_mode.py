@@ -28,7 +28,7 @@ from parlab.lab.job import torchrun as torchrun_module
 from parlab.lab.launch import LaunchError, _worker, _zygote, lease, make_plan
 from parlab.lab.launch import plan as plan_module
 from parlab.lab.measure import Timeline
-from parlab.lab.measure import bandwidth
+from parlab.lab.measure import bandwidth, gpu_clock
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -114,7 +114,24 @@ def group_of(tmp_path, monkeypatch):
         dist.destroy_process_group()
 
 
-def test_a_combined_backend_is_gpu_mode_everywhere(group_of):
+class _CudaCalls:
+    """Stands in for torch.cuda where a GPU-mode Timeline keeps the GPU's clock (a reference event): counts calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def synchronize(self, device=None):
+        self.calls += 1
+
+    def current_stream(self, device=None):
+        self.calls += 1
+
+    def Event(self, enable_timing=False):  # noqa: N802 - torch.cuda's name
+        self.calls += 1
+        return type("Event", (), {"record": lambda self, stream=None: None})()
+
+
+def test_a_combined_backend_is_gpu_mode_everywhere(group_of, monkeypatch):
     group_of("cpu:gloo,cuda:gloo")  # what get_backend() says in GPU mode, but runnable without NCCL
     # so `== "nccl"` (or `== "gloo"`) is always False; simulated GPUs present NCCL's half by name
     assert dist.get_backend() in ("cpu:gloo,cuda:gloo", "cpu:gloo,cuda:nccl")
@@ -122,8 +139,9 @@ def test_a_combined_backend_is_gpu_mode_everywhere(group_of):
     assert runtime.gpu_mode() and runtime.device() == cuda0 and runtime.device(dist.group.WORLD) == cuda0
     assert train_fsdp.rank_device() == cuda0  # the copyable script's rule agrees
     assert hf._on_gpu()  # the Trainer and accelerate are told GPU, not use_cpu
+    monkeypatch.setattr(gpu_clock, "cuda", _CudaCalls())
     timeline = Timeline()
-    assert timeline.sync and timeline.device == cuda0  # spans end when the GPU's work does
+    assert timeline.clock is not None and timeline.device == cuda0  # spans are placed on the GPU's clock
 
 
 @pytest.mark.parametrize("backend, gpu", [("cpu:gloo,cuda:nccl", True), ("nccl", True), ("gloo", False),
@@ -133,7 +151,10 @@ def test_every_backend_string(group_of, monkeypatch, backend, gpu):
     monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
     want = torch.device("cuda", 0) if gpu else torch.device("cpu")
     assert runtime.gpu_mode() is gpu and runtime.device() == want and train_fsdp.rank_device() == want
-    assert Timeline(sync=True).sync is gpu  # never a CUDA call on a CPU rank, even when asked for sync
+    monkeypatch.setattr(gpu_clock, "cuda", cuda := _CudaCalls())
+    timeline = Timeline(sync=True)
+    assert timeline.sync is gpu and (timeline.clock is not None) is gpu
+    assert (cuda.calls > 0) is gpu  # never a CUDA call on a CPU rank, even when asked for sync
 
 
 def test_bandwidth_sweeps_the_groups_device(group_of, monkeypatch):

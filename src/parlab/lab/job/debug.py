@@ -46,7 +46,7 @@ def straggler(slow_rank: int = 1, delay: float = 0.3, steps: int = 3, size: int 
     all-reduce, and the straggler is the rank that waits least."""
     rank, device = dist.get_rank(), runtime.device()
     a, grad = torch.randn(size, size, device=device), torch.zeros(2**16, device=device)
-    timeline = Timeline()  # in GPU mode it synchronises at each span's end: the work's end, not its queueing
+    timeline = Timeline()  # in GPU mode its spans are CUDA events on the GPU's clock: when the work ran
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):

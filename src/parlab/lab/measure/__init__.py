@@ -23,6 +23,8 @@ chapter 03 (DDP) uses all three. Each module's docstring documents its API; in s
                 ``nccl_transports(log)``: which transports NCCL chose (P2P, SHM, NET).
 - timeline.py   ``with Timeline() as tl:`` (or ``tl.span("backward")`` by hand); return ``tl.events``; in the notebook
                 ``merge(results)``, ``idle_gaps(events)``, then ``parlab.lab.plots.gantt(events)``.
+- gpu_clock.py  ``GpuClock``: in GPU mode a timeline's (or a log's) spans and records are CUDA events read
+                against one reference event, so they sit where the GPU ran them, on one axis.
 - peak.py       ``peak_memory(fn, device=)`` → (fn's result, the most bytes it had allocated at once): CUDA's
                 statistics on a GPU, PyTorch's memory profiler on a CPU (ZeRO's steps in chapter 04).
 - steptime.py   ``time_alternating({name: step_fn}, rounds, steps)`` on every rank: step times of several

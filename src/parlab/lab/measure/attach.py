@@ -7,7 +7,9 @@ read what is attached there:
 - :func:`parlab.lab.parallel.comm.communicate` (the one door for every byte a strategy sends) hands one
   :class:`~parlab.lab.measure.comm.CommRecord` to every attached :class:`~parlab.lab.measure.comm.CommLog`;
 - :func:`span` (what a strategy calls around a step it names: ``forward``, ``F3``, ``optimizer``) adds an
-  event to every attached :class:`~parlab.lab.measure.timeline.Timeline`;
+  event to every attached :class:`~parlab.lab.measure.timeline.Timeline`; :func:`mark` and :func:`span_since`
+  do the same for a span begun in one hook and ended in another, on each timeline's clock (the GPU's in
+  GPU mode);
 - an :class:`~parlab.lab.measure.activation_tracker.ActivationTracker` is a saved-tensors hook, so it already
   counts whatever is saved inside ``with tracker:``; :func:`not_activations` is what a strategy wraps
   around work that saves tensors but is not the activations a lesson counts (a pipeline's loss).
@@ -80,6 +82,18 @@ def span(name: str, kind: str = "compute"):
         for timeline in timelines:
             stack.enter_context(timeline.span(name, kind))
         yield
+
+
+def mark() -> tuple:
+    """Now, on every attached timeline's clock (the host's on CPU, a CUDA event in GPU mode): hand it to
+    :func:`span_since` to add a span begun here and ended in another hook (ZeRO-3's blocks and waits)."""
+    return tuple((timeline, timeline.mark()) for timeline in attached("timeline"))
+
+
+def span_since(name: str, started: tuple, kind: str = "compute") -> None:
+    """Add the span from ``started`` (a :func:`mark`) to now, as ``name``, on each timeline it marked."""
+    for timeline, start in started:
+        timeline.add_between(name, kind, start, timeline.mark())
 
 
 def not_activations():

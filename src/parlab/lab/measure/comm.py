@@ -21,6 +21,10 @@ Three ways in, for three kinds of code:
 ``CommLog.add(...)``
     For anything else, record by hand.
 
+On GPUs the last three place each op on the GPU's clock (CUDA events read against one reference event,
+``parlab.lab.measure.gpu_clock``), where the host only queued it; ``record_comm`` waits for each op instead
+(with ``wait=True``), and its times are the host's.
+
 A :class:`CommRecord` holds ``op`` (``all_reduce``, ``all_gather`` …), ``bytes`` (the nccl-tests "size":
 the whole buffer; for all-gather the gathered output, for reduce-scatter the input before scattering; for
 send and recv the message), ``group_size``, ``start`` and ``end`` (``time.perf_counter()``), the global
@@ -53,6 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from parlab.lab.checks import positive_int
 from parlab.lab.measure.attach import Attached
+from parlab.lab.measure.gpu_clock import GpuClock
 
 # c10d op name (as the dispatcher sees it) -> the name the course uses
 OP_NAMES = {
@@ -86,7 +91,7 @@ class CommRecord:
     op: str
     bytes: int
     group_size: int
-    start: float  # time.perf_counter() when issued
+    start: float  # time.perf_counter() when issued; on a GPU, when it ran there (the same axis: gpu_clock)
     end: float  # time.perf_counter() when complete (issued, for send/recv seen by record_comm)
     rank: int = 0
     group_rank: int = 0
@@ -137,48 +142,62 @@ def busbw(op: str, nbytes: float, seconds: float, group_size: int) -> float:
 
 
 class GpuTiming:
-    """When an op on CUDA tensors ran, as two CUDA events, read only when asked (:meth:`seconds`).
+    """When an op on CUDA tensors ran on the GPU, as CUDA events, read only when asked (:meth:`span`).
 
     NCCL queues a collective and returns; its future completes at once. Timing it on the host (waiting,
     or synchronising the device) would block the host exactly where the strategy overlaps communication
-    with compute, so the overlap would vanish while it is being recorded. Instead the start is an event on
-    the issuing stream, and the end an event recorded on a side stream made to wait for the op: neither the
-    host nor the compute stream waits."""
+    with compute, so the overlap would vanish while it is being recorded. Instead ``ready`` is an event on
+    the issuing stream (the op's inputs are ready there), and ``end`` an event recorded on a side stream
+    made to wait for the op: neither the host nor the compute stream waits. The op's start on the GPU is
+    when NCCL ran it: ``end`` less the duration NCCL measured on its own stream (``Work._get_duration``,
+    switched on for ``group`` here), and never before ``ready``; without NCCL's timing, ``ready``.
+    Both are read on a :class:`~parlab.lab.measure.gpu_clock.GpuClock`, the axis of the compute spans."""
 
-    _side: dict = {}
+    def __init__(self, device, host_start: float, group=None):
+        from parlab.lab.measure import gpu_clock
 
-    def __init__(self, device, host_start: float):
-        self.device, self.host_start = device, host_start
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
-        self.start.record(torch.cuda.current_stream(device))
+        self.device, self.host_start, self.work = device, host_start, None
+        if group is not None:
+            gpu_clock.time_collectives(group)  # before the op is issued: its Work then carries NCCL's events
+        cuda = gpu_clock.cuda
+        self.ready = cuda.Event(enable_timing=True)
+        self.end = cuda.Event(enable_timing=True)
+        self.ready.record(cuda.current_stream(device))
 
     def end_after(self, waitable=None) -> None:
         """Record the end once ``waitable`` (a ``Work`` or a CUDA future; None: the op was synchronous and the
         current stream already follows it) is done."""
+        from parlab.lab.measure.gpu_clock import cuda
+
+        self.work = waitable
         if waitable is None:
-            self.end.record(torch.cuda.current_stream(self.device))
+            self.end.record(cuda.current_stream(self.device))
             return
-        side = self._side.setdefault(self.device, torch.cuda.Stream(self.device))
-        with torch.cuda.stream(side):
+        side = cuda.Stream(self.device)  # from PyTorch's pool: one op's end does not queue behind another's
+        with cuda.stream(side):
             waitable.wait()  # for NCCL: the side stream waits on the op's end; the host does not
             self.end.record(side)
 
-    def seconds(self) -> float:
-        self.end.synchronize()
-        return self.start.elapsed_time(self.end) / 1e3
+    def span(self, clock) -> tuple[float, float]:
+        """(start, end) of the op on ``clock`` (a GpuClock): seconds on the host's ``perf_counter`` axis."""
+        from parlab.lab.measure.gpu_clock import nccl_seconds
+
+        end, ready = clock.at(self.end), clock.at(self.ready)
+        ran = nccl_seconds(self.work)
+        return (ready if ran is None else min(end, max(ready, end - ran))), end
 
 
 @dataclass(frozen=True)
 class PendingRecord:
-    """A :class:`CommRecord` whose end is on the GPU: :meth:`resolve` reads its events (when a log is read)."""
+    """A :class:`CommRecord` whose times are on the GPU: :meth:`resolve` reads its events (when a log is read).
+    ``record.start`` holds the host's issue time until then."""
 
     record: CommRecord
     timing: GpuTiming
 
-    def resolve(self) -> CommRecord:
-        start = self.timing.host_start
-        return dataclasses.replace(self.record, start=start, end=start + self.timing.seconds())
+    def resolve(self, clock) -> CommRecord:
+        start, end = self.timing.span(clock)
+        return dataclasses.replace(self.record, start=start, end=end)
 
 
 class CommLog(Attached):
@@ -187,36 +206,68 @@ class CommLog(Attached):
     ``with CommLog() as log:`` attaches it (``parlab.lab.measure.attach``): every op a strategy from
     ``parlab.lab.parallel`` issues inside the block is handed to it as it completes (possibly from another
     thread; ``list.append`` is atomic in CPython). It is also a plain callback, for code that records by hand.
-    An op on CUDA tensors arrives as a :class:`PendingRecord` and is timed by CUDA events when ``records``
-    is read (reading its timeline's ``events`` reads it too); read it on the rank, before returning records.
+
+    ``timeline``: a :class:`~parlab.lab.measure.timeline.Timeline` that each op is drawn on too (as a ``comm``
+    span); it may be replaced between steps (``log.timeline = Timeline()``), and an op goes to the timeline
+    set when it was handed over.
+
+    An op on CUDA tensors arrives as a :class:`PendingRecord` and is placed on the GPU's clock when ``records``
+    is read (reading its timeline's ``events`` reads it too): its start and end are CUDA events read against
+    the reference event of its timeline's clock (the log's own, recorded when the log was made, without a
+    timeline), the axis of the timeline's compute spans. Read it on the rank, before returning records.
     """
 
     _attach_as = "comm"
 
     def __init__(self, timeline=None):
+        from parlab.lab import runtime
+
         self._records: list[CommRecord] = []
-        self._pending: list[PendingRecord] = []
-        self.timeline = timeline  # optional parlab.lab.measure.timeline.Timeline: comm spans go there too
+        self._pending: list[tuple[PendingRecord, object]] = []  # (record, the timeline it goes to)
+        self._timeline = None
+        device = runtime.device()
+        self._clock = GpuClock(device) if device.type == "cuda" else None  # GPU mode: this log's reference
+        self.timeline = timeline
+
+    @property
+    def timeline(self):
+        """The :class:`~parlab.lab.measure.timeline.Timeline` ops are drawn on (None: none)."""
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, timeline) -> None:
+        self._timeline = timeline
         if timeline is not None:
-            timeline.fed_by(self)
+            timeline.fed_by(self)  # on GPUs some spans arrive only once read: reading its events reads this log
 
     @property
     def records(self) -> list[CommRecord]:
         while self._pending:
-            self._add(self._pending.pop(0).resolve())
+            pending, timeline = self._pending.pop(0)
+            self._add(pending.resolve(self._clock_for(pending, timeline)), timeline)
         return self._records
+
+    def _clock_for(self, pending: PendingRecord, timeline):
+        clock = getattr(timeline, "clock", None)
+        if clock is None:
+            if self._clock is None:  # made outside GPU mode, handed a GPU op: a reference from now on, not
+                self._clock = GpuClock(pending.timing.device, drain=False)  # waiting for the device mid-step
+            clock = self._clock
+        return clock
 
     def __call__(self, record) -> None:
         if isinstance(record, PendingRecord):
-            self._pending.append(record)
+            if self._clock is None and getattr(self._timeline, "clock", None) is None:
+                self._clock_for(record, None)  # the reference before the op's events are read
+            self._pending.append((record, self._timeline))
         else:
-            self._add(record)
+            self._add(record, self._timeline)
 
-    def _add(self, record: CommRecord) -> None:
+    def _add(self, record: CommRecord, timeline=None) -> None:
         self._records.append(record)
-        if self.timeline is not None:
+        if timeline is not None:
             name = record.op if record.label is None else f"{record.op} {record.label}"
-            self.timeline.add(name, "comm", record.start, record.end)
+            timeline.add(name, "comm", record.start, record.end)
 
     def add(self, op: str, nbytes: int, start: float, end: float, group=None, label=None) -> CommRecord:
         """Record an op that ran on ``group`` (None: the default group) from ``start`` to ``end``."""
@@ -342,10 +393,11 @@ def _ddp_hook(state, bucket):
     buffer = bucket.buffer()  # the bucket's gradients, flattened: (bucket_numel,)
     start = time.perf_counter()
     buffer.div_(dist.get_world_size(group))
-    timing = GpuTiming(buffer.device, start) if buffer.is_cuda else None
+    on = group if group is not None else dist.group.WORLD
+    timing = GpuTiming(buffer.device, start, on) if buffer.is_cuda else None
     work = dist.all_reduce(buffer, group=group, async_op=True)
     fut = work.get_future()
-    if timing is not None:  # NCCL's future completes at enqueue: the record's end comes from CUDA events
+    if timing is not None:  # NCCL's future completes at enqueue: the record is placed by CUDA events
         timing.end_after(work)
         rank, group_rank, size = describe_group(group)
         log(PendingRecord(CommRecord("all_reduce", buffer.numel() * buffer.element_size(), size, start, start,

@@ -10,9 +10,11 @@ in-group rank, start and end times, and a label (bucket, layer …). The strateg
 
 For an asynchronous collective on CPU tensors the record is made when its future completes (exact with
 gloo), and the waitable returned here completes only after the logs have it. On CUDA tensors NCCL only
-queues the op, so its record carries CUDA events (``GpuTiming``) and is timed when the log is read: the
-host never waits for the record, and overlap survives being recorded. A log may be handed a record on another
-thread, so it should only record.
+queues the op, so its record carries CUDA events (``GpuTiming``) and is placed on the GPU's clock when the
+log is read (``parlab.lab.measure.gpu_clock``): the host never waits for the record, overlap survives being
+recorded, and a record starts when NCCL ran the op, on the axis of the timeline's compute spans. Messages of
+:func:`communicate_batch` too: NCCL's ``wait()`` returns at enqueue, so host times would end them there. A
+log may be handed a record on another thread, so it should only record.
 """
 
 from __future__ import annotations
@@ -63,9 +65,10 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     group = group if group is not None else dist.group.WORLD
     start = time.perf_counter()
     logs = attached("comm")  # fixed now: a record completing later still goes where the op was issued
-    timing = GpuTiming(tensor.device, start) if logs and _on_cuda(tensor) else None
+    timing = GpuTiming(tensor.device, start, group) if logs and _on_cuda(tensor) else None
+    # On a GPU the op is issued async even when the caller waits: its Work carries NCCL's own timing
     work = _issue(op, tensor, group, output=output, src=src, peer=peer, dst=dst, chunks=chunks, splits=splits,
-                  async_op=async_op, reduce_op=reduce_op)
+                  async_op=async_op or timing is not None, reduce_op=reduce_op)
     if not logs:
         return work
     rank, group_rank, size = describe_group(group)
@@ -80,7 +83,11 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
     if timing is not None:  # NCCL returns once the op is queued: CUDA events time it, read when a log is read
         timing.end_after(work)
         report()
-        return work
+        if async_op:
+            return work
+        if work is not None:
+            work.wait()  # what the synchronous call does: the current stream waits for the op
+        return None
     if work is None:
         report()
         return None
@@ -161,18 +168,22 @@ def communicate_batch(messages, group=None) -> list:
         ops.append(dist.P2POp(dist.isend if op == "send" else dist.irecv, tensor, dist.get_global_rank(group, peer),
                               group=group))
     start = time.perf_counter()
+    logs = attached("comm")
+    # On a GPU NCCL's wait() returns at once (it only orders streams): the messages are timed by CUDA events
+    timing = GpuTiming(messages[0][1].device, start, group) if logs and _on_cuda(messages[0][1]) else None
     works = dist.batch_isend_irecv(ops)
     if len(works) != len(ops):  # NCCL coalesces the batch into one request; waiting for it again is allowed
         works = [works[-1]] * len(ops)
     rank, group_rank, size = describe_group(group)
-    logs = attached("comm")
+    if timing is not None:
+        timing.end_after(works[-1])  # the batch runs as one NCCL group: its messages start and end together
 
     def reporter(op, tensor, peer, label):
         def report():
             record = CommRecord(op, tensor.numel() * tensor.element_size(), size, start, time.perf_counter(),
                                 rank, group_rank, label, dist.get_global_rank(group, peer))
             for log in logs:
-                log(record)
+                log(record if timing is None else PendingRecord(record, timing))
         return report
 
     return [_ReportOnWait(w, reporter(op, tensor, peer, label))

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from parlab.lab.measure.attach import attached
+from parlab.lab.measure.attach import mark, span_since
 from parlab.lab.parallel.zero_flat import FlatParams, _Zero
 from parlab.lab.parallel.zero_stage2 import ZeroStage2
 
@@ -27,8 +27,9 @@ class ZeroStage3(ZeroStage2):
     before its backward (a hook on its outputs' gradients), and freed when all its gradients are in and
     reduce-scattered. ``prefetch=True``: on entering a block, the next block's all-gather (in forward, then
     in backward order) is issued asynchronously. Any attached ``parlab.lab.measure.Timeline`` receives each
-    block's forward and backward (compute) and each wait for a gather (idle); ``memory_trace`` lists,
-    for the last step, (time, "gather" | "free", group, bytes of gathered weights held).
+    block's forward and backward (compute) and each wait for a gather (idle), on its clock (on a GPU, the
+    compute stream's: a wait is how long that stream stalls for the gather, 0 when prefetch hid it);
+    ``memory_trace`` lists, for the last step, (time, "gather" | "free", group, bytes of gathered weights held).
     Rajbhandari et al. 2020, §5.3 and §7.2.2.
     """
 
@@ -86,10 +87,10 @@ class ZeroStage3(ZeroStage2):
             g.work = self._communicate("all_gather", g.shard(g.full), g.name, output=g.full, async_op=True)
             self._trace("gather", g)
         if wait and g.work is not None:
-            start = time.perf_counter()
+            started = mark()  # on a GPU: when the compute stream gets here; the wait is its stall
             g.work.wait()
             g.work = None
-            self._span(f"wait {g.name}", "idle", start)
+            span_since(f"wait {g.name}", started, "idle")
             for p, view in zip(g.params, g.views(g.full)):
                 p.data = view
 
@@ -122,11 +123,11 @@ class ZeroStage3(ZeroStage2):
     def _pre_forward(self, g):
         self._gather(g, wait=True)
         self._prefetch(self._forward_order, g)
-        g.started, g.in_backward = time.perf_counter(), False
+        g.started, g.in_backward = mark(), False
 
     def _post_forward(self, g, out):
         if g is not self._root:
-            self._span(f"f {g.name}", "compute", g.started)
+            span_since(f"f {g.name}", g.started)
         if self.reshard_after_forward:
             self._free(g)
         for t in tree_flatten(out)[0]:
@@ -140,11 +141,11 @@ class ZeroStage3(ZeroStage2):
         g.in_backward = True
         self._gather(g, wait=True)
         self._prefetch(self._backward_order, g)
-        g.started = time.perf_counter()
+        g.started = mark()
 
     def _group_done(self, g):
         if g is not self._root:
-            self._span(f"b {g.name}", "compute", g.started)
+            span_since(f"b {g.name}", g.started)
         self._free(g)
 
     def _publish(self):
@@ -152,17 +153,6 @@ class ZeroStage3(ZeroStage2):
             self._free(g)
 
     # -- records --------------------------------------------------------------------------------------------
-
-    def _span(self, name: str, kind: str, start: float) -> None:
-        """A span begun in one hook and ended in another (so not a ``with span(...)``), on every attached
-        timeline."""
-        timelines = attached("timeline")
-        if timelines:
-            if self.device.type == "cuda":  # queued GPU work (and NCCL, whose wait() only orders streams) ends here
-                torch.cuda.synchronize(self.device)
-            end = time.perf_counter()
-            for timeline in timelines:
-                timeline.add(name, kind, start, end)
 
     def _trace(self, what: str, g: FlatParams) -> None:
         held = sum(u.full.numel() * u.full.element_size() for u in self.groups if u.full is not None)

@@ -1,0 +1,77 @@
+"""Times on a GPU's own clock: CUDA events read against one reference event (chapters 03, 04, 06 on GPUs).
+
+On a GPU the host only queues work. A collective issued at host time t may start on the GPU much later
+(behind the kernels queued before it, or behind the group's previous collective), and NCCL's ``wait()``
+returns at once. Host times would put every op where the host issued it, so a Gantt chart would show
+overlap whether the GPU overlapped or not. A :class:`GpuClock` places everything on the GPU's clock
+instead: it records one reference event when a timeline (or a log) starts, after the device has drained,
+and a point in time is an event recorded on a stream; :meth:`GpuClock.at` reads ``reference.elapsed_time``
+of it. Compute spans and communication records on one clock share the same axis, so "did the op start
+before backward ended" is a question about the GPU, which a serialised run answers with no.
+
+The reading is expressed on the host's axis (``host_zero + elapsed``): ``host_zero`` is the host's
+``time.perf_counter()`` when the reference was recorded on an idle device, so host times (a memory trace)
+and GPU times stay comparable to within a launch's latency.
+
+``cuda`` is the one door to ``torch.cuda`` for the instruments (events, streams, synchronize); tests on CPU
+replace it with a simulated GPU (``tests/test_comm.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+cuda = torch.cuda  # events, streams and synchronize: replaced by a fake GPU in tests on CPU
+
+
+class GpuClock:
+    """One device's clock: a reference event recorded once, after the device has drained; every later event
+    is read as seconds on the host's ``perf_counter`` axis (:meth:`at`). ``drain=False``: no waiting (made in
+    the middle of a step); times keep their order and their differences, the axis may be offset."""
+
+    def __init__(self, device, drain: bool = True):
+        self.device = device
+        if drain:  # idle: the reference fires as the host reads host_zero (else it may fire later: an offset)
+            cuda.synchronize(device)
+        self.reference = cuda.Event(enable_timing=True)
+        self.reference.record(cuda.current_stream(device))
+        self.host_zero = time.perf_counter()
+
+    def mark(self, stream=None):
+        """Now, on ``stream`` (default: the current one): an event that fires when the GPU gets there."""
+        event = cuda.Event(enable_timing=True)
+        event.record(stream if stream is not None else cuda.current_stream(self.device))
+        return event
+
+    def at(self, event) -> float:
+        """When ``event`` fired, on the host's axis (waits for it: read a clock after the work is queued)."""
+        event.synchronize()
+        return self.host_zero + self.reference.elapsed_time(event) / 1e3
+
+
+def time_collectives(group) -> None:
+    """Ask ``group``'s backends to time each collective on its own stream (NCCL records a start event just
+    before the kernel: ``Work._get_duration()``), so a record's start is when NCCL ran it, not when its
+    inputs were ready. A backend that cannot is left as it is."""
+    enable = getattr(group, "_enable_collectives_timing", None)
+    if enable is None:
+        return
+    try:
+        enable()
+    except RuntimeError:  # a backend without timing: the start falls back to the issuing stream's event
+        pass
+
+
+def nccl_seconds(work) -> float | None:
+    """The op's own duration on the backend's stream (start event to end event), or None where the backend
+    did not time it (timing off, a Future rather than a Work, a CPU backend)."""
+    duration = getattr(work, "_get_duration", None)
+    if duration is None:
+        return None
+    try:
+        ms = duration()
+    except RuntimeError:
+        return None
+    return ms / 1e3 if ms >= 0 else None

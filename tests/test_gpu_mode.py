@@ -304,7 +304,7 @@ def _sources():
 # The decision (runtime.py) and the copyable script's written-out copy of it (held to it above).
 # The simulated GPUs present the string NCCL's group has (simgpu/distributed.py).
 ALLOWED = {ROOT / "src/parlab/lab/runtime.py", ROOT / "src/parlab/lab/job/train_fsdp.py",
-           ROOT / "src/parlab/lab/launch/simgpu/distributed.py"}
+           ROOT / "src/parlab/lab/launch/simgpu/distributed.py", ROOT / "src/parlab/lab/launch/simgpu/__init__.py"}
 
 
 def test_nothing_else_tests_the_backend_string():

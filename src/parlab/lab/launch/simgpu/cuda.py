@@ -97,7 +97,15 @@ def functions(real_is_initialized) -> dict:
     def mem_get_info(device=None):
         return Unmeasured(what), Unmeasured(what)
 
+    def get_rng_state(device="cuda"):
+        import torch
+
+        return torch.get_rng_state()  # the CPU's generator: the simulated GPUs' tensors are made there
+
     return {
+        "get_rng_state": get_rng_state, "set_rng_state": lambda new_state, device="cuda": None,
+        "get_rng_state_all": lambda: [get_rng_state() for _ in visible()],
+        "set_rng_state_all": lambda new_states: None,
         "is_available": lambda: True, "device_count": lambda: len(visible()), "set_device": set_device,
         "current_device": lambda: _state.current, "is_initialized": is_initialized, "synchronize": synchronize,
         "get_device_properties": get_device_properties, "get_device_name": lambda device=None: NAME,

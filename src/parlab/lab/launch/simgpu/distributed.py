@@ -9,10 +9,18 @@ import sys
 from parlab.lab.launch.simgpu import COLLECTIVES, _queue, _state
 
 def _gpu_group(group) -> bool:
+    """Queue a collective over ``group``, as NCCL would? Only in a GPU-mode group, and only where every
+    later read of its output passes the simulation's mode: not in backward (the autograd engine reads
+    gradients in C++), and not inside a torch function the mode is handling (an ``autograd.Function``'s
+    forward runs with the mode off). There it completes before returning, as gloo's does: the data stays
+    right, and only the timing of the host differs from NCCL's."""
+    import torch
     import torch.distributed as dist
 
     if not _state.initialized or not dist.is_initialized():
         return False  # a CPU-mode rank: plain gloo, blocking
+    if torch._C._current_autograd_node() is not None or not torch._C._is_torch_function_mode_enabled():
+        return False
     return "cuda:" in str(dist.distributed_c10d.get_backend(group))
 
 

@@ -60,3 +60,53 @@ def test_the_sizing_scan_finds_a_kernel_question_and_not_a_ranks():
     cell = ("def on_rank():\n    return torch.cuda.device_count()\n\n"
             "if torch.cuda.device_count() < 2:\n    print('needs 2')\nok = not torch.cuda.is_available()")
     assert sizing_from_torch(cell) == ["torch.cuda.is_available()", "torch.cuda.device_count()"]
+
+
+# -- a launch's results against one CPU process: at the launch's tolerance ----------------------------------
+
+# Kernel comparisons in chapters 08 and 09 that are not a launch against one CPU process, and why each keeps
+# its own tolerance: both sides computed by the same ranks on the same device.
+SAME_DEVICE = {
+    ("08", "6a14e0e0"): "compiled and eager FSDP2 losses, both from one launch's rank 0",
+    ("08", "compile-gpu"): "compiled and eager on one GPU in the kernel, at Inductor's own tolerance",
+}
+
+
+def comparisons_without_tolerance(source: str) -> list[str]:
+    """The kernel's ``assert_close`` calls that pass no ``**`` keywords (the launch's tolerance)."""
+    return [ast.unparse(n) for n in _outside_functions(source) if isinstance(n, ast.Call)
+            and ast.unparse(n.func).split(".")[-1] == "assert_close" and not any(k.arg is None for k in n.keywords)]
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name[:2] in ("08", "09")], ids=lambda p: p.stem)
+def test_launches_are_compared_with_one_process_at_the_launchs_tolerance(path):
+    """On GPUs cuBLAS rounds differently from the CPU: a GPU run held to fp32's defaults (or 1e-5) fails for
+    no fault. Every kernel comparison passes the launch's tolerance (``make_plan(n).tolerance``, or
+    ``torchrun.tolerance(n)`` for torchrun jobs), or is listed in SAME_DEVICE with why it need not."""
+    found = [f"cell {cell}: {call}" for cell, source in _kernel_code(path)
+             if (path.name[:2], cell) not in SAME_DEVICE for call in comparisons_without_tolerance(source)]
+    assert not found, (f"{path.name}: pass the launch's tolerance, e.g. **make_plan(world_size).tolerance or "
+                       f"**torchrun.tolerance(world_size):\n  " + "\n  ".join(found))
+    listed = {cell for number, cell in SAME_DEVICE if number == path.name[:2]}
+    stale = listed - {cell for cell, source in _kernel_code(path) if comparisons_without_tolerance(source)}
+    assert not stale, f"{path.name}: SAME_DEVICE lists cells {sorted(stale)} that compare nothing without a tolerance"
+
+
+def test_the_tolerance_scan_finds_a_comparison_without_one():
+    cell = ("tol = make_plan(2).tolerance\nassert_close(a, b, **tol)\nfor n in names:\n"
+            "    torch.testing.assert_close(x[n], y[n], msg=n)\ndef on_rank():\n    assert_close(a, b)")
+    assert comparisons_without_tolerance(cell) == ["torch.testing.assert_close(x[n], y[n], msg=n)"]
+
+
+@pytest.mark.parametrize("gpus, nprocs, device", [(0, (2,), "cpu"), (4, (2,), "cuda"), (4, (4, 8), "cuda"),
+                                                  (2, (4,), "cpu"), (1, (1,), "cuda")])
+def test_a_torchrun_jobs_tolerance_is_its_devices(gpus, nprocs, device):
+    """torchrun.tolerance decides as torchrun does: GPU mode when every rank of a job has a GPU; with several
+    jobs (a resume at another size), the GPU's where any of them ran on GPUs."""
+    from parlab.lab import runtime
+    from parlab.lab.job import torchrun
+
+    got = torchrun.tolerance(*nprocs, env={}, device_count=lambda: gpus)
+    assert got == runtime.tolerance(device), (gpus, nprocs, got)
+    with pytest.raises(ValueError, match="nprocs must be one or more positive ints"):
+        torchrun.tolerance(0, env={})

@@ -285,6 +285,7 @@ class _Zygote:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()  # reaped: alive() is False from here on (a refused preload is told by it)
 
 
 _zygote_lock = threading.Lock()

@@ -25,7 +25,8 @@ SMI = """\
     ("13.0", None, 1, False, "built for CUDA 13.0; no NVIDIA driver found (nvidia-smi, NVML): install one"),
     ("13.0", None, 0, True, "built for CUDA 13.0; no NVIDIA driver found"),  # a CUDA wheel on a laptop: CPU mode
     (None, None, 0, True, "CPU build of torch: no CUDA"),
-    (None, "13.0", 2, True, "CPU build of torch: no CUDA (GPU mode needs the CUDA build of torch); 2 GPU(s)"),
+    (None, "13.0", 2, True, "CPU build of torch: no CUDA (GPU mode needs the CUDA build of torch); the driver "
+                            "supports CUDA 13.0; 2 GPU(s)"),
 ])
 def test_the_driver_against_the_build(build, driver, gpus, ok, says):
     verdict = toolchain.cuda_verdict(build, driver, gpus)

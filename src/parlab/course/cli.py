@@ -78,7 +78,7 @@ def _toolchain(build: str | None, gpus: int) -> list[tuple[str, object]]:
     (:mod:`parlab.course.toolchain`): rows of (name, Verdict)."""
     from parlab.course import toolchain
 
-    driver = toolchain.driver_cuda_version() if build else None
+    driver = toolchain.driver_cuda_version()  # also beside a CPU build: a GPU machine with the wrong torch
     return [("CUDA", toolchain.cuda_verdict(build, driver, gpus)),
             ("torch.compile", toolchain.compiler_verdict(toolchain.c_compiler(), toolchain.python_headers(), gpus))]
 

@@ -40,6 +40,7 @@ def cuda_verdict(build: str | None, driver: str | None, gpus: int) -> Verdict:
     this torch's build (``torch.version.cuda``, e.g. "13.0"; None: a CPU build) on ``gpus`` visible GPUs."""
     if build is None:
         return Verdict(True, "CPU build of torch: no CUDA (GPU mode needs the CUDA build of torch)"
+                             + (f"; the driver supports CUDA {driver}" if driver else "")
                              + (f"; {gpus} GPU(s) visible go unused" if gpus else ""))
     built = _version(build)
     if built is None:

@@ -23,6 +23,7 @@ from parlab.course.exercises.ch08 import check_sharded_training
 from parlab.lab.job import checkpoint, hf, train_fsdp
 from parlab.lab.job.reference import one_process
 from parlab.lab.job.torchrun import torchrun
+from parlab.lab.launch.plan import make_plan
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as functions in a notebook cell travel
 
@@ -50,7 +51,7 @@ def test_trainer_under_launch_is_the_trainer_under_torchrun(tmp_path):
 def test_the_accelerate_loop_is_one_process():
     cfg = {"steps": 2}
     losses = parlab.launch(hf.accelerate_loop, 3, kwargs={"cfg": cfg}, timeout=120, output="none")[0]
-    assert_close(torch.tensor(losses), torch.tensor(one_process(cfg)["losses"]), rtol=1e-5, atol=1e-6)
+    assert_close(torch.tensor(losses), torch.tensor(one_process(cfg)["losses"]), **make_plan(3).tolerance)
 
 
 @pytest.mark.skipif(not CPU, reason="the fallback happens on CPU ranks only")
@@ -89,9 +90,10 @@ def test_resharded_resume_continues_the_uninterrupted_run(tmp_path, saved_at, re
     assert list(saved["files"]) == list(range(saved_at))  # one file per rank: no full copy anywhere
     assert any("momentum_buffer" in k for k in saved["tensor_bytes"])
     rest = parlab.launch(_resume, resumed_at, args=(cfg, path, False), announce=False)[0]
-    assert_close(torch.tensor(first["losses"] + rest["losses"]), torch.tensor(reference["losses"]))
+    tol = {**make_plan(resumed_at).tolerance, **make_plan(saved_at).tolerance}  # the GPU's where either ran on GPUs
+    assert_close(torch.tensor(first["losses"] + rest["losses"]), torch.tensor(reference["losses"]), **tol)
     for name, p in reference["params"].items():
-        assert_close(rest["params"][name], p, msg=lambda m, name=name: f"{name}: {m}")
+        assert_close(rest["params"][name], p, **tol, msg=lambda m, name=name: f"{name}: {m}")
     # the same resume without the momentum is caught, by a wide margin
     wrong = parlab.launch(_resume, resumed_at, args=(cfg, path, True), announce=False)[0]
     gap = max((wrong["params"][n] - p).abs().max().item() for n, p in reference["params"].items())

@@ -99,3 +99,37 @@ def test_a_kernel_block_waits_its_turn(tmp_path, cuda):
             with leased_gpus(1, env=env, wait=0):
                 pass
     assert cuda.calls == []  # never touched a GPU it did not hold
+
+
+UUIDS = ["5d1f0a2c-1111-2222-3333-444455556666", "9e8d7c6b-aaaa-bbbb-cccc-ddddeeeeffff",
+         "0a0b0c0d-1234-5678-9abc-def012345678"]
+
+
+@pytest.mark.parametrize("gpus, env, indices", [
+    (["2", "0"], {}, [2, 0]),  # numbers: the machine's own
+    (["GPU-9e8d7c6b-aaaa-bbbb-cccc-ddddeeeeffff"], {}, [1]),  # as nvidia-smi -L prints it
+    (["GPU-0a0b0c0d", "5d1f0a2c"], {}, [2, 0]),  # prefixes, as CUDA_VISIBLE_DEVICES accepts them
+    (["MIG-9e8d7c6b-aaaa"], {}, [1]),
+    (["GPU-0a0b0c0d"], {"CUDA_VISIBLE_DEVICES": "GPU-5d1f0a2c,GPU-0a0b0c0d"}, [1]),  # a spawner's list of UUIDs
+])
+def test_local_indices_of_numbers_and_uuids(gpus, env, indices):
+    """A pool of UUIDs (PARLAB_GPUS=GPU-…, no CUDA_VISIBLE_DEVICES) used to fail with int('GPU-…')."""
+    assert kernel_gpus.local_indices(gpus, env, uuids=lambda: UUIDS) == indices
+
+
+def test_a_uuid_of_no_gpu_here_is_named():
+    with pytest.raises(LaunchError, match=r"PARLAB_GPUS names 'GPU-ffff', which is none of this process's GPUs"):
+        kernel_gpus.local_indices(["GPU-ffff"], {}, uuids=lambda: UUIDS)
+
+
+def test_a_kernel_block_on_a_pool_of_uuids(tmp_path, cuda, monkeypatch):
+    """leased_gpus with PARLAB_GPUS of UUIDs computes on the device whose UUID it leased."""
+
+    class Props:
+        def __init__(self, i):
+            self.uuid = UUIDS[i] if i < len(UUIDS) else f"{i:08x}-0000-0000-0000-000000000000"
+
+    cuda.get_device_properties = Props
+    env = {"PARLAB_GPUS": "GPU-0a0b0c0d-1234-5678-9abc-def012345678", "PARLAB_GPU_LOCKS": str(tmp_path / "locks")}
+    with leased_gpus(1, env=env, wait=0) as held:
+        assert held.indices == [2] and cuda.current == 2

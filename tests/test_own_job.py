@@ -21,7 +21,7 @@ import torch
 from torch.testing import assert_close
 
 from parlab.lab.job.reference import script_job
-from parlab.lab.job.torchrun import torchrun
+from parlab.lab.job.torchrun import tolerance, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftover_ranks")]
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "08_your_own_job.ipynb"
@@ -116,10 +116,11 @@ def test_the_chapter_script_trains_preempts_resumes_and_exports_as_one_process(r
         "checkpoints", "job.json", "out", "out-preempted", "preempted.json", "pretrained", "rows.pt", "train.py"]
     expected, steps = run["expected"], run["job"]["steps"]
     assert (run["preempted"]["world"], run["resumed"]["world"]) == RUNS[arch]
-    assert_close(torch.tensor(run["preempted"]["losses"]), torch.tensor(expected["losses"][:2]))
-    assert_close(torch.tensor(run["resumed"]["losses"]), torch.tensor(expected["losses"][2:]))  # from step 2 on
+    tol = tolerance(*RUNS[arch])  # both jobs against one CPU process: wider where either ran on GPUs
+    assert_close(torch.tensor(run["preempted"]["losses"]), torch.tensor(expected["losses"][:2]), **tol)
+    assert_close(torch.tensor(run["resumed"]["losses"]), torch.tensor(expected["losses"][2:]), **tol)  # from step 2 on
     for name, p in expected["params"].items():  # save_pretrained out, from_pretrained in
-        assert_close(run["exported"][name], p, msg=lambda m, name=name: f"{arch} {name}: {m}")
+        assert_close(run["exported"][name], p, **tol, msg=lambda m, name=name: f"{arch} {name}: {m}")
     assert run["resumed"]["reduce_dtype"] == "torch.float32"
     saves = sorted(p.name for p in (run["folder"] / "checkpoints").iterdir())
     assert saves == [f"step-{s}" for s in range(run["job"]["save_every"], steps + 1, run["job"]["save_every"])]

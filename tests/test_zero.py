@@ -467,3 +467,41 @@ def test_misuse_is_explained():
     assert "zero_grad" in errors[6]
     assert "step()" in errors[7]
     assert "second backward" in errors[8]
+
+
+def _offload_cell_on_cpu():
+    """On a rank: chapter 04's offload cell with the CUDA calls it makes stubbed out (they only time and
+    measure) and ``CPUOffloadPolicy`` unpinned (pinning needs a GPU)."""
+    for name in ("reset_peak_memory_stats", "synchronize"):
+        setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    torch.cuda.max_memory_allocated = lambda *args, **kwargs: 0
+    return [offload_run(offload) for offload in (False, True)]  # noqa: F821 - the notebook's, in its namespace
+
+
+def test_chapter_04s_offload_cell_runs_the_fsdp2_cells_factory():
+    """The offload cell (GPU only) builds its model with the FSDP2 cell's factory, as that cell defines it:
+    it called ``make(model, None)`` on the one-argument factory, a TypeError on every rank of every GPU run.
+    Here both cells' definitions run on 2 CPU ranks (about 5 s)."""
+    import ast
+    import functools
+    import inspect
+    import pathlib
+
+    import nbformat
+
+    nb = nbformat.read(pathlib.Path(__file__).parent.parent / "notebooks" / "04_zero.ipynb", as_version=4)
+    cells = {c.get("id"): c.source for c in nb.cells}
+    ns: dict = {}
+    exec(cells["c02"], ns)  # the parameters
+    exec("import torch, parlab\nfrom parlab.course.bench import zero as zero_bench\n"
+         "from parlab.lab.models import tiny_gpt2\nVOCAB = 128\n"
+         "SIZES = dict(n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=VOCAB, n_positions=seq_len)\n"
+         "ADAMW = dict(lr=lr, weight_decay=0.01)", ns)  # what the two cells use from the set-up cell
+    for cell in ("43e6412a", "h09"):  # the FSDP2 cell's fsdp2, the offload cell's offload_run: definitions only
+        body = [n for n in ast.parse(cells[cell]).body if isinstance(n, (ast.FunctionDef, ast.Import, ast.ImportFrom))]
+        exec(ast.unparse(body), ns)
+    assert "fsdp2" in ns and "offload_run" in ns, "chapter 04's cells no longer define fsdp2 and offload_run"
+    ns["CPUOffloadPolicy"] = functools.partial(ns["CPUOffloadPolicy"], pin_memory=False)
+    exec(inspect.getsource(_offload_cell_on_cpu), ns)
+    results = parlab.launch(ns["_offload_cell_on_cpu"], 2, announce=False)
+    assert all(set(r) == {"peak", "step_s"} for rank in results for r in rank), results

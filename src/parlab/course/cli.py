@@ -1,9 +1,12 @@
 """The ``parlab`` command. ``parlab check``: is this machine ready for the course? (chapter 00)
 ``parlab run``: run the chapters headless (see :mod:`parlab.course.chapters`). ``parlab export``: see :mod:`parlab.course.export`.
 
-It prints versions, backends, CPUs, GPUs and how the GPUs are connected (``nvidia-smi topo -m``), then
-runs a 2-rank all-reduce on each backend this machine can use, through the same launcher the
-notebooks use. The exit status is non-zero when a smoke test fails.
+It prints versions, backends, CPUs, GPUs and how the GPUs are connected (``nvidia-smi topo -m``), the CUDA
+this torch was built for beside the CUDA the driver supports, and the C compiler and Python headers a GPU's
+``torch.compile`` builds with (:mod:`parlab.course.toolchain`), then runs a 2-rank all-reduce on each
+backend this machine can use, through the same launcher the notebooks use. The exit status is non-zero
+when a smoke test fails, or when the driver is too old for the build or the compiler or headers are
+missing on a GPU machine, each saying what to install.
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ def _gpu_rows(gpus: int) -> list[tuple[str, str]]:
 
     return [(f"  cuda:{i}", f"{torch.cuda.get_device_properties(i).name}, "
                             f"{torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB") for i in range(gpus)]
+
+
+def _toolchain(build: str | None, gpus: int) -> list[tuple[str, object]]:
+    """The driver against this torch's CUDA, and what chapter 08's torch.compile cell builds with
+    (:mod:`parlab.course.toolchain`): rows of (name, Verdict)."""
+    from parlab.course import toolchain
+
+    driver = toolchain.driver_cuda_version()  # also beside a CPU build: a GPU machine with the wrong torch
+    return [("CUDA", toolchain.cuda_verdict(build, driver, gpus)),
+            ("torch.compile", toolchain.compiler_verdict(toolchain.c_compiler(), toolchain.python_headers(), gpus))]
 
 
 def leases() -> tuple[str, int | None]:
@@ -154,6 +167,8 @@ def check() -> int:
           ("CPU ranks allowed", f"up to {max_cpu_ranks()} (PARLAB_MAX_RANKS)"), ("GPUs visible", str(gpus))]
     hw += _gpu_rows(gpus)
     print(_table("Hardware", hw))
+    tools = _toolchain(torch.version.cuda, gpus)
+    print(_table("GPU toolchain", [(name, v.text) for name, v in tools]))
     if shutil.which("nvidia-smi") and gpus:
         topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
         print("GPU interconnect (nvidia-smi topo -m)\n-------------------------------------")
@@ -163,7 +178,7 @@ def check() -> int:
         print("GPU interconnect: no GPUs visible (course runs in CPU mode: gloo, one process per rank)\n")
     lease_table, usable = leases()
     print(lease_table)
-    rows, all_ok = [], usable is not None
+    rows, all_ok = [], usable is not None and all(v.ok for _, v in tools)
     gloo_result, ok = _smoke("gloo")
     rows.append(("gloo · CPU", gloo_result))
     all_ok &= ok

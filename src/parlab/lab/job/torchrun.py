@@ -34,6 +34,25 @@ class TorchrunTimeout(RuntimeError):
     """A torchrun job ran past its timeout; it was stopped, every process of it, before this was raised."""
 
 
+def _decide(nproc: int, env: dict, device_count=None):
+    """The course's one decision (parlab.lab.runtime.choose) for a job of ``nproc`` ranks: GPU mode when every
+    process gets a GPU of its own, on GPUs leased from the workshop's pool (launch/lease.py); CPU mode sees none.
+    ``(GPUs the job may use, the Mode)``."""
+    gpus = lease.pool_size(env, device_count)
+    return gpus, parlab.lab.runtime.choose(nproc, 0, gpus)
+
+
+def tolerance(*nprocs: int, env: dict | None = None, device_count=None) -> dict:
+    """``assert_close``'s keyword arguments for torchrun jobs of ``nprocs`` ranks each, against one CPU process
+    or against each other (``runtime.tolerance``): the GPU's where any of them runs on GPUs, as
+    :func:`torchrun` decides it (``device_count``: injectable, for tests)."""
+    if not nprocs or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in nprocs):
+        raise ValueError(f"nprocs must be one or more positive ints (each job's ranks), got {nprocs!r}")
+    env = dict(os.environ if env is None else env)
+    gpu = any(_decide(n, env, device_count)[1].gpu for n in nprocs)
+    return parlab.lab.runtime.tolerance("cuda" if gpu else "cpu")
+
+
 def torchrun(target: str, nproc: int, *args: str, module: bool = False, timeout: float = 600,
              env: dict | None = None, stream_after: float | None = 10.0) -> str:
     """``torchrun --standalone --nproc-per-node nproc [-m] target args...``; returns what the ranks printed.
@@ -55,10 +74,7 @@ def torchrun(target: str, nproc: int, *args: str, module: bool = False, timeout:
         full_env.pop(name, None)
     full_env.update(env or {})
     full_env[_processes.TAG] = uuid.uuid4().hex  # every process of this job carries it: found, stopped
-    # The course's one decision (parlab.lab.runtime.choose): GPU mode when every process gets a GPU of its own,
-    # on GPUs leased from the workshop's pool (launch/lease.py); CPU mode sees none.
-    gpus = lease.pool_size(full_env)
-    mode = parlab.lab.runtime.choose(nproc, 0, gpus)
+    gpus, mode = _decide(nproc, full_env)
     record_launch(nproc, "auto", mode.device.type, mode.note, gpus, "torchrun")  # for `parlab run --require-gpu`
     try:
         with lease.acquire(nproc, env=full_env, what=f"torchrun {target}") if mode.gpu else lease.Lease() as held:

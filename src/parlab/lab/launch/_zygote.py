@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import re
 import selectors
 import signal
 import socket
@@ -51,9 +52,34 @@ BASE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "numpy", "parlab", 
 CUDA_REFUSED = "initialised CUDA"
 
 
-def _cuda_initialised() -> bool:
+# The CUDA driver's library. The runtime (libcudart) loads with torch and starts nothing; the driver is
+# loaded when something starts CUDA: torch's lazy init, a library calling cuInit, or torch counting devices
+# through the runtime when NVML is unavailable. torch.cuda.is_initialized() sees only the first.
+CUDA_DRIVER = re.compile(r"/libcuda\.so(\.\d+)*$")
+
+
+def cuda_driver_mapped(maps: str) -> str | None:
+    """The path of the CUDA driver library (``libcuda.so``) in a process's memory map, the text of
+    ``/proc/<pid>/maps``, or None when it is not mapped."""
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address, permissions, offset, device, inode, path (absent: anonymous)
+        if len(fields) == 6 and CUDA_DRIVER.search(fields[5].strip()):
+            return fields[5].strip()
+    return None
+
+
+def _cuda_initialised() -> str:
+    """Why this process can no longer fork usable GPU ranks ("" when it still can): torch initialised CUDA,
+    or the CUDA driver is loaded (Linux: read from /proc/self/maps, a millisecond)."""
     torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
+    if torch is not None and torch.cuda.is_initialized():
+        return "torch.cuda.is_initialized() is True"
+    try:
+        with open("/proc/self/maps") as f:
+            driver = cuda_driver_mapped(f.read())
+    except OSError:  # no /proc (macOS): torch's own flag is the only sign
+        return ""
+    return f"the CUDA driver {driver} is loaded" if driver else ""
 
 
 def _preload(name: str) -> str:
@@ -64,9 +90,9 @@ def _preload(name: str) -> str:
         importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - reported back to the kernel as text
         return f"error: {type(exc).__name__}: {exc}"
-    if _cuda_initialised():
-        return (f"error: importing {name} {CUDA_REFUSED} in the rank server; a forked rank cannot use a CUDA "
-                f"context it inherits, so it is not preloaded: import it inside the function the ranks run")
+    if sign := _cuda_initialised():
+        return (f"error: importing {name} {CUDA_REFUSED} in the rank server ({sign}); a forked rank cannot use "
+                f"a CUDA context it inherits, so it is not preloaded: import it inside the function the ranks run")
     if threading.active_count() > 1:
         return f"error: importing {name} started a thread; it is imported in each rank instead"
     return "ok"
@@ -74,7 +100,7 @@ def _preload(name: str) -> str:
 
 def _unsafe() -> bool:
     """No longer safe to fork: the kernel starts a fresh zygote without the module that did this."""
-    return threading.active_count() > 1 or _cuda_initialised()
+    return threading.active_count() > 1 or bool(_cuda_initialised())
 
 
 def _reap(status_fds: dict[int, int]) -> None:

@@ -55,14 +55,38 @@ class KernelGPUs:
         return self.devices[0]
 
 
-def local_indices(gpus: list[str], env=None) -> list[int]:
+def _device_uuids() -> list[str]:
+    """This process's GPUs' UUIDs in torch's numbering (``cuda:i`` is the i-th), without the ``GPU-``/``MIG-``
+    prefix nvidia-smi writes. Asking starts CUDA in the kernel, as the block's ``set_device`` does next."""
+    cuda = _cuda()
+    return [str(cuda.get_device_properties(i).uuid) for i in range(cuda.device_count())]
+
+
+def local_indices(gpus: list[str], env=None, uuids=None) -> list[int]:
     """Where leased GPUs are in this process's numbering: their places in ``CUDA_VISIBLE_DEVICES`` when it is
-    set (the pool then names GPUs as it lists them), else their own numbers."""
+    set (the pool then names GPUs as it lists them, numbers or UUIDs); else a number is its own, and a UUID
+    (``GPU-…`` or ``MIG-…`` as ``nvidia-smi -L`` prints it, or a prefix of one, as CUDA accepts) is the
+    device whose UUID it is. ``uuids``: a function giving this process's devices' UUIDs in torch's order
+    (default: torch's device properties)."""
     env = env if env is not None else os.environ
     if "CUDA_VISIBLE_DEVICES" in env:
         visible = [t.strip() for t in env["CUDA_VISIBLE_DEVICES"].split(",") if t.strip()]
         return [visible.index(g) for g in gpus]
-    return [int(g) for g in gpus]
+    names = None
+    indices = []
+    for g in gpus:
+        if g.isdigit():
+            indices.append(int(g))
+            continue
+        names = names if names is not None else (uuids or _device_uuids)()
+        bare = g.split("-", 1)[1] if g.startswith(("GPU-", "MIG-")) else g
+        found = [i for i, u in enumerate(names) if u.removeprefix("GPU-").removeprefix("MIG-").startswith(bare)]
+        if len(found) != 1:
+            raise LaunchError(f"PARLAB_GPUS names {g!r}, which {'is none' if not found else 'matches several'} of "
+                              f"this process's GPUs (UUIDs, in torch's order: {', '.join(names) or 'none'}); "
+                              f"name them as `nvidia-smi -L` prints them")
+        indices.append(found[0])
+    return indices
 
 
 @contextlib.contextmanager

@@ -57,7 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from parlab.lab.checks import positive_int
 from parlab.lab.measure.attach import Attached
-from parlab.lab.measure.gpu_clock import GpuClock
+from parlab.lab.measure.gpu_clock import GpuClock, GpuTiming
 
 # c10d op name (as the dispatcher sees it) -> the name the course uses
 OP_NAMES = {
@@ -139,52 +139,6 @@ def algbw(nbytes: float, seconds: float) -> float:
 def busbw(op: str, nbytes: float, seconds: float, group_size: int) -> float:
     """Bus bandwidth in bytes/s (nccl-tests): algbw × :func:`bus_factor`."""
     return algbw(nbytes, seconds) * bus_factor(op, group_size)
-
-
-class GpuTiming:
-    """When an op on CUDA tensors ran on the GPU, as CUDA events, read only when asked (:meth:`span`).
-
-    NCCL queues a collective and returns; its future completes at once. Timing it on the host (waiting,
-    or synchronising the device) would block the host exactly where the strategy overlaps communication
-    with compute, so the overlap would vanish while it is being recorded. Instead ``ready`` is an event on
-    the issuing stream (the op's inputs are ready there), and ``end`` an event recorded on a side stream
-    made to wait for the op: neither the host nor the compute stream waits. The op's start on the GPU is
-    when NCCL ran it: ``end`` less the duration NCCL measured on its own stream (``Work._get_duration``,
-    switched on for ``group`` here), and never before ``ready``; without NCCL's timing, ``ready``.
-    Both are read on a :class:`~parlab.lab.measure.gpu_clock.GpuClock`, the axis of the compute spans."""
-
-    def __init__(self, device, host_start: float, group=None):
-        from parlab.lab.measure import gpu_clock
-
-        self.device, self.host_start, self.work = device, host_start, None
-        if group is not None:
-            gpu_clock.time_collectives(group)  # before the op is issued: its Work then carries NCCL's events
-        cuda = gpu_clock.cuda
-        self.ready = cuda.Event(enable_timing=True)
-        self.end = cuda.Event(enable_timing=True)
-        self.ready.record(cuda.current_stream(device))
-
-    def end_after(self, waitable=None) -> None:
-        """Record the end once ``waitable`` (a ``Work`` or a CUDA future; None: the op was synchronous and the
-        current stream already follows it) is done."""
-        from parlab.lab.measure.gpu_clock import cuda
-
-        self.work = waitable
-        if waitable is None:
-            self.end.record(cuda.current_stream(self.device))
-            return
-        side = cuda.Stream(self.device)  # from PyTorch's pool: one op's end does not queue behind another's
-        with cuda.stream(side):
-            waitable.wait()  # for NCCL: the side stream waits on the op's end; the host does not
-            self.end.record(side)
-
-    def span(self, clock) -> tuple[float, float]:
-        """(start, end) of the op on ``clock`` (a GpuClock): seconds on the host's ``perf_counter`` axis."""
-        from parlab.lab.measure.gpu_clock import nccl_seconds
-
-        end, ready = clock.at(self.end), clock.at(self.ready)
-        ran = nccl_seconds(self.work)
-        return (ready if ran is None else min(end, max(ready, end - ran))), end
 
 
 @dataclass(frozen=True)

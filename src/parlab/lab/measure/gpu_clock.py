@@ -75,3 +75,42 @@ def nccl_seconds(work) -> float | None:
     except RuntimeError:
         return None
     return ms / 1e3 if ms >= 0 else None
+
+
+class GpuTiming:
+    """When an op on CUDA tensors ran on the GPU, as CUDA events, read only when asked (:meth:`span`).
+
+    NCCL queues a collective and returns; its future completes at once. Timing it on the host (waiting,
+    or synchronising the device) would block the host exactly where the strategy overlaps communication
+    with compute, so the overlap would vanish while it is being recorded. Instead ``ready`` is an event on
+    the issuing stream (the op's inputs are ready there), and ``end`` an event recorded on a side stream
+    made to wait for the op: neither the host nor the compute stream waits. The op's start on the GPU is
+    when NCCL ran it: ``end`` less the duration NCCL measured on its own stream (``Work._get_duration``,
+    switched on for ``group`` here), and never before ``ready``; without NCCL's timing, ``ready``.
+    Both are read on a :class:`~parlab.lab.measure.gpu_clock.GpuClock`, the axis of the compute spans."""
+
+    def __init__(self, device, host_start: float, group=None):
+        self.device, self.host_start, self.work = device, host_start, None
+        if group is not None:
+            time_collectives(group)  # before the op is issued: its Work then carries NCCL's events
+        self.ready = cuda.Event(enable_timing=True)
+        self.end = cuda.Event(enable_timing=True)
+        self.ready.record(cuda.current_stream(device))
+
+    def end_after(self, waitable=None) -> None:
+        """Record the end once ``waitable`` (a ``Work`` or a CUDA future; None: the op was synchronous and the
+        current stream already follows it) is done."""
+        self.work = waitable
+        if waitable is None:
+            self.end.record(cuda.current_stream(self.device))
+            return
+        side = cuda.Stream(self.device)  # from PyTorch's pool: one op's end does not queue behind another's
+        with cuda.stream(side):
+            waitable.wait()  # for NCCL: the side stream waits on the op's end; the host does not
+            self.end.record(side)
+
+    def span(self, clock) -> tuple[float, float]:
+        """(start, end) of the op on ``clock`` (a GpuClock): seconds on the host's ``perf_counter`` axis."""
+        end, ready = clock.at(self.end), clock.at(self.ready)
+        ran = nccl_seconds(self.work)
+        return (ready if ran is None else min(end, max(ready, end - ran))), end

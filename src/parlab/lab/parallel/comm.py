@@ -81,13 +81,7 @@ def communicate(op: str, tensor: torch.Tensor, group=None, *, output: torch.Tens
                 else PendingRecord(issued, timing))
 
     if timing is not None:  # NCCL returns once the op is queued: CUDA events time it, read when a log is read
-        timing.end_after(work)
-        report()
-        if async_op:
-            return work
-        if work is not None:
-            work.wait()  # what the synchronous call does: the current stream waits for the op
-        return None
+        return _timed_on_gpu(work, timing, report, async_op)
     if work is None:
         report()
         return None
@@ -145,6 +139,17 @@ def _recorded_bytes(op, tensor, output, group) -> int:
     buffer = output if op == "all_gather" else tensor
     nbytes = buffer.numel() * buffer.element_size()
     return nbytes * describe_group(group)[2] if op in ("scatter", "gather") else nbytes
+
+
+def _timed_on_gpu(work, timing, report, async_op: bool):
+    """Report an op timed by CUDA events (issued async), then return as the caller asked."""
+    timing.end_after(work)
+    report()
+    if async_op:
+        return work
+    if work is not None:
+        work.wait()  # what the synchronous call does: the current stream waits for the op
+    return None
 
 
 def communicate_batch(messages, group=None) -> list:

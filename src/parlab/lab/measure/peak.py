@@ -26,8 +26,10 @@ def peak_memory(fn, *args, device=None, **kwargs) -> tuple[object, int]:
     """Run ``fn(*args, **kwargs)``; return its result and the most bytes it had allocated at once beyond what
     was allocated when it started (0 if it allocated nothing). ``device``: where ``fn`` allocates (pass
     ``parlab.device()`` on a rank): a CUDA device is watched through CUDA's statistics, else the CPU."""
+    from parlab.lab.launch import simgpu
+
     device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda":
+    if device.type == "cuda" and not simgpu.active():  # a simulated GPU's tensors live on the CPU: watched there
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)

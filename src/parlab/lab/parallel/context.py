@@ -358,12 +358,16 @@ def compare_with_pytorch(seq_len: int = 64, batch: int = 2, heads: int = 4, head
     where = torch.arange(seq_len, dtype=torch.float32, device=device).view(1, 1, seq_len, 1)  # which token is where
     full = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     mesh = init_device_mesh(device.type, (n,), mesh_dim_names=("cp",))
+    layout = Layout(seq_len, n)
+    mine = ring_attention(*(layout.shard(t.float(), r) for t in (q, k, v)), layout, mesh.get_group())
+    from parlab.lab.launch import simgpu
+
+    if simgpu.active():  # simulated GPUs: the attention below would run CPU kernels, which CP refuses
+        raise simgpu.NeedsRealGPU("PyTorch's context_parallel (it shards CUDA attention kernels only)")
     buffers = [q.clone(), k.clone(), v.clone(), where.clone()]
     with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2, 2]):  # shards them in place
         theirs = F.scaled_dot_product_attention(*buffers[:3], is_causal=True).float()
         positions = buffers[3][0, 0, :, 0].long().cpu()
-    layout = Layout(seq_len, n)
-    mine = ring_attention(*(layout.shard(t.float(), r) for t in (q, k, v)), layout, mesh.get_group())
     return {"same_layout": torch.equal(positions, layout.positions(r)),
             "pytorch_vs_full": (theirs - full[:, :, positions.to(device)]).abs().max().item(),
             "ring_vs_full": (mine - layout.shard(full, r)).abs().max().item()}

@@ -276,8 +276,12 @@ def install() -> bool:
 
     from parlab.lab.launch.simgpu import cuda, distributed
 
-    for name, fn in cuda.functions(torch.cuda.is_initialized).items():
+    functions = cuda.functions(torch.cuda.is_initialized)
+    for name, fn in functions.items():
         setattr(torch.cuda, name, fn)
+    for name, fn in cuda.accelerator_functions(functions).items():
+        if hasattr(torch, "accelerator"):
+            setattr(torch.accelerator, name, fn)
     for name in ("_record_memory_history", "_snapshot", "_dump_snapshot"):
         setattr(torch.cuda.memory, name, needs_real_gpu("the CUDA caching allocator's history"))
     distributed.patch()

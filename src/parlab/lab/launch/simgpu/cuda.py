@@ -119,3 +119,19 @@ def functions(real_is_initialized) -> dict:
         "default_stream": lambda device=None: _STREAM,
     }
 
+
+def accelerator_functions(cuda: dict) -> dict:
+    """``torch.accelerator`` (accelerate and transformers ask it which device a machine has): the same GPUs."""
+    import torch
+
+    return {
+        "current_accelerator": lambda check_available=False: torch.device("cuda") if visible() else None,
+        "is_available": lambda: bool(visible()), "device_count": lambda: len(visible()),
+        "current_device_index": cuda["current_device"], "current_device_idx": cuda["current_device"],
+        "set_device_index": cuda["set_device"], "set_device_idx": cuda["set_device"],
+        "synchronize": cuda["synchronize"], "empty_cache": cuda["empty_cache"],
+        "get_device_capability": cuda["get_device_capability"], "memory_allocated": cuda["memory_allocated"],
+        "max_memory_allocated": cuda["max_memory_allocated"], "memory_reserved": cuda["memory_reserved"],
+        "max_memory_reserved": cuda["max_memory_reserved"], "reset_peak_memory_stats": cuda["reset_peak_memory_stats"],
+        "get_memory_info": cuda["mem_get_info"],
+    }

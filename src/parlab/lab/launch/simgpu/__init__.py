@@ -22,10 +22,13 @@ the GPU-only code of the package, the chapters and the copyable scripts runs on 
   ``send``/``recv``) returns at once, as NCCL's does; the host waits only where a GPU program would: at a
   host read (``.item()``, ``.tolist()``, ``print(t)``, ...), at ``torch.cuda.synchronize()``, or at the
   first op that reads a tensor the collective writes (the GPU's stream order). A rank whose peers never
-  come therefore blocks there, or nowhere.
-- **A mismatch waits for the watchdog.** A collective that gloo rejects (peers with other sizes) or that
-  times out blocks until the group's timeout, then fails as NCCL's watchdog does, instead of raising at
-  once.
+  come therefore blocks there, or nowhere. Inside backward or an ``autograd.Function`` (whose reads bypass
+  the simulation) the collective completes before returning, so the data is always right.
+- **A mismatch waits for the watchdog.** A collective that gloo rejects (peers calling different
+  collectives) or that times out blocks until the group's timeout, then fails as NCCL's watchdog does,
+  instead of raising at once. (Peers that call one collective with different sizes make gloo abort the
+  process: the simulation cannot turn that into a wait.)
+- ``torch.accelerator`` (which accelerate and the Trainer ask) presents the same GPUs.
 
 What it cannot present (CUDA kernels, NCCL's own log, memory figures, GPU timings) is listed in
 docs/ci.md, with the check on a real GPU that decides it.

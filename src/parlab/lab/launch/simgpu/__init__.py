@@ -130,7 +130,7 @@ class _State:
         self.installed = False
         self.initialized = False  # CUDA started in this process (set_device, or a tensor put on a GPU)
         self.current = 0
-        self.pending: list = []  # (work, storages it writes, what) of collectives queued and not yet waited for
+        self.pending: list = []  # Queued collectives not yet waited for, in order
         self.lock = threading.Lock()
         self.timeout = 600.0  # the default group's timeout in seconds (NCCL's watchdog fires after it)
         self.timeouts: dict = {}  # a new group's own timeout, by the group
@@ -152,27 +152,46 @@ def _is_cuda(device) -> bool:
 
 # -- waiting where a GPU program waits ----------------------------------------------------------------
 
+class Queued:
+    """A collective queued on a simulated GPU: its work, what it writes, and when it completed (``done_at``,
+    ``time.perf_counter()``; set by its future, or when waited for), which is when a GPU event recorded after
+    it would fire."""
+
+    def __init__(self, work, writes: set, what: str, timeout: float):
+        self.work, self.writes, self.what, self.timeout = work, writes, what, timeout
+        self.queued, self.done_at = time.monotonic(), None
+        try:
+            work.get_future().add_done_callback(self._done)
+        except (AttributeError, RuntimeError):  # gloo's reduce-scatter and point-to-point have no future
+            pass
+
+    def _done(self, _future=None) -> None:
+        if self.done_at is None:
+            self.done_at = time.perf_counter()
+
+    def finish(self) -> float:
+        """Wait for it (NCCL's watchdog's way when it fails); returns when it completed."""
+        try:
+            self.work.wait()
+        except Exception as exc:  # noqa: BLE001 - gloo refused it (a mismatch) or timed out: NCCL would hang
+            time.sleep(max(0.0, self.timeout - (time.monotonic() - self.queued)))
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RuntimeError(
+                f"[simulated NCCL] Watchdog caught collective operation timeout: {self.what} ran for "
+                f"{self.timeout:.0f} s without completing (NCCL waits for peers that never match; gloo said: "
+                f"{said})") from None
+        self._done()
+        return self.done_at
+
+
 def wait_all() -> None:
     """Wait for every collective this process queued, as ``torch.cuda.synchronize()`` does on a GPU."""
     while _state.pending:
-        work, _, what, queued, timeout = _state.pending.pop(0)
-        _finish(work, what, queued, timeout)
-
-
-def _finish(work, what: str, queued: float, timeout: float) -> None:
-    try:
-        work.wait()
-    except Exception as exc:  # noqa: BLE001 - gloo refused it (a mismatch) or timed out: NCCL would hang
-        time.sleep(max(0.0, timeout - (time.monotonic() - queued)))
-        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RuntimeError(
-            f"[simulated NCCL] Watchdog caught collective operation timeout: {what} ran for {timeout:.0f} s "
-            f"without completing (NCCL waits for peers that never match; gloo said: {said})") from None
+        _state.pending.pop(0).finish()
 
 
 def _queue(work, tensors, what: str, group) -> None:
-    timeout = _state.timeouts.get(group, _state.timeout)
-    _state.pending.append((work, _storages(tensors), what, time.monotonic(), timeout))
+    _state.pending.append(Queued(work, _storages(tensors), what, _state.timeouts.get(group, _state.timeout)))
 
 
 def _storages(tensors) -> set:
@@ -185,7 +204,7 @@ def _reads_pending(args, kwargs) -> bool:
     import torch
     from torch.utils._pytree import tree_leaves
 
-    writes = set().union(*(entry[1] for entry in _state.pending))
+    writes = set().union(*(entry.writes for entry in _state.pending))
     for leaf in tree_leaves((args, kwargs)):
         if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
             try:
@@ -282,6 +301,7 @@ def install() -> bool:
     functions = cuda.functions(torch.cuda.is_initialized)
     for name, fn in functions.items():
         setattr(torch.cuda, name, fn)
+    cuda.patch_profiler()
     for name, fn in cuda.accelerator_functions(functions).items():
         if hasattr(torch, "accelerator"):
             setattr(torch.accelerator, name, fn)

@@ -8,24 +8,28 @@ import time
 from parlab.lab.launch.simgpu import MEMORY, NAME, Unmeasured, _index, _state, needs_real_gpu, visible, wait_all
 
 class Event:
-    """``torch.cuda.Event``: a host timestamp taken when recorded (the queued collectives waited for first)."""
+    """``torch.cuda.Event``: it fires when the collectives queued before it complete, as a GPU event recorded
+    on the stream after them does (its time then, on ``time.perf_counter``'s axis); the host does not wait."""
 
     def __init__(self, enable_timing=False, blocking=False, interprocess=False):
-        self.enable_timing, self.at = enable_timing, None
+        self.enable_timing, self.at, self.after = enable_timing, None, []
 
     def record(self, stream=None):
-        self.at = time.perf_counter()
+        self.at, self.after = time.perf_counter(), list(_state.pending)
+
+    def _fired(self) -> float:
+        if self.at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return max([self.at] + [q.done_at if q.done_at is not None else q.finish() for q in self.after])
 
     def elapsed_time(self, end) -> float:
-        if self.at is None or end.at is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end.at - self.at) * 1e3
+        return (end._fired() - self._fired()) * 1e3
 
     def synchronize(self):
-        wait_all()
+        self._fired()
 
     def query(self) -> bool:
-        return True
+        return all(q.done_at is not None for q in self.after)
 
     def wait(self, stream=None):
         pass
@@ -135,3 +139,21 @@ def accelerator_functions(cuda: dict) -> dict:
         "max_memory_reserved": cuda["max_memory_reserved"], "reset_peak_memory_stats": cuda["reset_peak_memory_stats"],
         "get_memory_info": cuda["mem_get_info"],
     }
+
+
+def patch_profiler() -> None:
+    """``torch.profiler.profile(activities=[CPU, CUDA])``: the simulated GPUs' work runs on the CPU, where the
+    CPU activity records it; asking a CPU build's profiler for CUDA activity only slows every op down."""
+    import functools
+
+    from torch.profiler import ProfilerActivity, profile
+
+    real_init = profile.__init__
+
+    @functools.wraps(real_init)
+    def init(self, *args, activities=None, **kwargs):
+        if activities is not None:
+            activities = [a for a in activities if a != ProfilerActivity.CUDA] or [ProfilerActivity.CPU]
+        real_init(self, *args, activities=activities, **kwargs)
+
+    profile.__init__ = init

@@ -134,3 +134,15 @@ def pytest_sessionfinish(session, exitstatus):
 
     shutdown()
     os.environ.pop("PARLAB_TEST", None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On simulated GPUs (PARLAB_SIMULATE_GPUS), a test that reached what only a real GPU answers (a memory
+    figure, NCCL's log: ``simgpu.NeedsRealGPU``) is skipped with that reason: the gpu job decides it."""
+    outcome = yield
+    report = outcome.get_result()
+    from parlab.lab.launch import simgpu
+
+    if call.excinfo is not None and simgpu.active() and call.excinfo.errisinstance(simgpu.NeedsRealGPU):
+        report.outcome, report.longrepr = "skipped", (str(item.path), item.location[1] or 0, str(call.excinfo.value))

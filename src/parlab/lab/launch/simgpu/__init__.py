@@ -42,8 +42,6 @@ import threading
 import time
 import weakref
 
-from parlab.lab.launch.errors import LaunchError
-
 ENV = "PARLAB_SIMULATE_GPUS"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 NAME = "Simulated GPU (parlab, on the CPU)"
@@ -56,9 +54,10 @@ HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int_
               "__format__", "__str__", "__array__")
 
 
-class NeedsRealGPU(LaunchError):
+class NeedsRealGPU(Exception):
     """What only a real GPU can answer (a memory figure, NCCL's log), asked on a simulated one. ``parlab run``
-    on simulated GPUs lets a cell stop here and goes on with the next; the gpu job on a real GPU decides it."""
+    on simulated GPUs lets a cell stop here and goes on with the next; the gpu job on a real GPU decides it.
+    Not a ``LaunchError``: a cell that catches a launch's failure must not swallow it."""
 
     def __init__(self, what: str):
         self.what = what
@@ -176,6 +175,8 @@ class Queued:
         except Exception as exc:  # noqa: BLE001 - gloo refused it (a mismatch) or timed out: NCCL would hang
             time.sleep(max(0.0, self.timeout - (time.monotonic() - self.queued)))
             said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if os.environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT") == "1":
+                raise NeedsRealGPU("NCCL's flight recorder, which its watchdog dumps on a timeout") from None
             raise RuntimeError(
                 f"[simulated NCCL] Watchdog caught collective operation timeout: {self.what} ran for "
                 f"{self.timeout:.0f} s without completing (NCCL waits for peers that never match; gloo said: "

@@ -58,6 +58,9 @@ class Stream:
     def query(self) -> bool:
         return True
 
+    def is_capturing(self) -> bool:  # CUDA graphs: never, here
+        return False
+
 
 _STREAM = Stream()
 
@@ -120,7 +123,7 @@ def functions(real_is_initialized) -> dict:
         "reset_peak_memory_stats": lambda device=None: None, "reset_max_memory_allocated": lambda device=None: None,
         "empty_cache": lambda: None,
         "Event": Event, "Stream": Stream, "stream": stream, "current_stream": lambda device=None: _STREAM,
-        "default_stream": lambda device=None: _STREAM,
+        "default_stream": lambda device=None: _STREAM, "is_current_stream_capturing": lambda: False,
     }
 
 
@@ -137,7 +140,8 @@ def accelerator_functions(cuda: dict) -> dict:
         "get_device_capability": cuda["get_device_capability"], "memory_allocated": cuda["memory_allocated"],
         "max_memory_allocated": cuda["max_memory_allocated"], "memory_reserved": cuda["memory_reserved"],
         "max_memory_reserved": cuda["max_memory_reserved"], "reset_peak_memory_stats": cuda["reset_peak_memory_stats"],
-        "get_memory_info": cuda["mem_get_info"],
+        "get_memory_info": cuda["mem_get_info"], "current_stream": cuda["current_stream"],
+        "set_stream": lambda stream: None,
     }
 
 

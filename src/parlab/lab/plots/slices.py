@@ -207,7 +207,8 @@ def _slab(ax, slab: Slab, state, rank: int, x: float, y: float, moved: bool) -> 
     runs = [1] * n if outlined else [len(list(run)) for _, run in groupby(faces)]  # units per rectangle
     bounds = [0, *accumulate(runs)]
     for u, v in zip(bounds, bounds[1:]):
-        ux, uy, uw, uh = ((x + u * w / n, y, (v - u) * w / n, h) if slab.axis == 1 else (x, y + u * h / n, w, (v - u) * h / n))
+        ux, uy, uw, uh = ((x + u * w / n, y, (v - u) * w / n, h) if slab.axis == 1
+                          else (x, y + u * h / n, w, (v - u) * h / n))
         ax.add_artist(Rectangle((ux, uy), uw, uh, facecolor=faces[u], lw=0.8 if outlined else 0,
                                 edgecolor="#444444" if state == PARTIAL else "white",
                                 hatch="////" if state == PARTIAL else None))

@@ -194,13 +194,14 @@ def _face(state, owner, rank: int):
 def _slab(ax, slab: Slab, state, rank: int, x: float, y: float, moved: bool) -> None:
     """One slab on one rank: a cell per unit, outlined in white where there are 16 or fewer; past 16 the cells
     have no outline, and a run of units of one colour is one rectangle (a vocabulary of 128 words, an MLP of
-    256 features: a frame's drawing was its thousand cells). Added with ``add_artist``: the limits are set by
-    :func:`draw_frame`, and ``add_patch``'s update of the data limits was most of a frame's time."""
+    256 features: a frame's drawing was its thousand cells). Added with ``add_artist`` and left out of the layout:
+    the limits are set by :func:`draw_frame`, the cells are clipped to the axes, and ``add_patch``'s update of
+    the data limits, and the cells' extents in a bounding box, were most of a frame's time."""
     w, h = slab.size
     n = len(slab.owners)
     edge = dict(edgecolor="black" if moved else "#888888", lw=1.8 if moved else 0.6)
     if state is None:
-        ax.add_artist(Rectangle((x, y), w, h, fill=False, ls=(0, (2, 2)), edgecolor="#BBBBBB", lw=0.6))
+        ax.add_artist(Rectangle((x, y), w, h, fill=False, ls=(0, (2, 2)), edgecolor="#BBBBBB", lw=0.6, in_layout=False))
         return
     faces = [_face(state, owner, rank) for owner in slab.owners]
     outlined = n <= 16 or state == PARTIAL
@@ -211,8 +212,8 @@ def _slab(ax, slab: Slab, state, rank: int, x: float, y: float, moved: bool) -> 
                           else (x, y + u * h / n, w, (v - u) * h / n))
         ax.add_artist(Rectangle((ux, uy), uw, uh, facecolor=faces[u], lw=0.8 if outlined else 0,
                                 edgecolor="#444444" if state == PARTIAL else "white",
-                                hatch="////" if state == PARTIAL else None))
-    ax.add_artist(Rectangle((x, y), w, h, fill=False, **edge))
+                                hatch="////" if state == PARTIAL else None, in_layout=False))
+    ax.add_artist(Rectangle((x, y), w, h, fill=False, in_layout=False, **edge))
 
 
 def draw_frame(frame: Frame, title: str = "") -> Figure:

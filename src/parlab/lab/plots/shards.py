@@ -181,7 +181,10 @@ def _x(lay: Layout) -> tuple[np.ndarray, np.ndarray, float]:
 
 
 def _grid(ax, lay: Layout, frame: Frame, labels: bool = True, margin: float = 0.14) -> None:
-    """Three bands (weights, gradients, optimizer state) of one row per rank, one cell per column."""
+    """Three bands (weights, gradients, optimizer state) of one row per rank, one cell per column. The cells
+    are added with ``add_artist`` and left out of the layout: the limits are set below, they are clipped to the
+    axes, and ``add_patch``'s update of the data limits, and their extents in a bounding box, were most of a
+    frame's drawing."""
     n = lay.world_size
     left, widths, right = _x(lay)
     for b, kind in enumerate(KINDS):
@@ -192,14 +195,16 @@ def _grid(ax, lay: Layout, frame: Frame, labels: bool = True, margin: float = 0.
                 freed, moved = changed and value == EMPTY, changed and value != EMPTY
                 face = {EMPTY: "white", LOCAL: UNREDUCED, WHOLE: NEUTRAL,
                         HELD: rank_color(c.owner) if c.owner == r else lighter(rank_color(c.owner), 0.6)}[value]
-                ax.add_patch(Rectangle((left[j], top + r), widths[j], 0.86, facecolor=face,
+                ax.add_artist(Rectangle((left[j], top + r), widths[j], 0.86, facecolor=face,
                                        hatch="////" if value == LOCAL else None,
                                        edgecolor=FREED if freed else "black" if moved else "#BBBBBB",
-                                       ls=FREED_STYLE if freed else "-", lw=1.3 if freed else 1.6 if moved else 0.4))
+                                       ls=FREED_STYLE if freed else "-", lw=1.3 if freed else 1.6 if moved else 0.4,
+                                       in_layout=False))
                 pad = max(0, c.stop - max(c.start, c.numel))  # zeros past the group's parameters
                 if value in (LOCAL, HELD) and pad:  # DDP (WHOLE) pads nothing
                     w = widths[j] * pad / (c.stop - c.start)
-                    ax.add_patch(Rectangle((left[j] + widths[j] - w, top + r), w, 0.86, facecolor="#555555", lw=0))
+                    ax.add_artist(Rectangle((left[j] + widths[j] - w, top + r), w, 0.86, facecolor="#555555", lw=0,
+                                           in_layout=False))
         if labels:
             ax.text(-0.72 * margin * right, top + n / 2 - 0.1, kind.replace(" ", "\n"), ha="center", va="center",
                     fontsize=9, fontweight="bold")

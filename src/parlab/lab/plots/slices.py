@@ -21,6 +21,7 @@ vocabulary-parallel loss, :func:`heads_frames` attention's heads and grouped-que
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate, groupby
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -180,27 +181,39 @@ def heads_frames(decoders: dict, world_size: int) -> list:
 
 # -- drawing ------------------------------------------------------------------------------------------------
 
+def _face(state, owner, rank: int):
+    if state == WHOLE or owner is None:
+        return GREY if state != PARTIAL else lighter(rank_color(rank), 0.45)
+    if state == OWN:
+        return rank_color(owner) if owner == rank else "white"
+    if state == GATHERED:
+        return rank_color(owner) if owner == rank else lighter(rank_color(owner), 0.5)
+    return lighter(rank_color(rank), 0.45)  # PARTIAL
+
+
 def _slab(ax, slab: Slab, state, rank: int, x: float, y: float, moved: bool) -> None:
+    """One slab on one rank: a cell per unit, outlined in white where there are 16 or fewer; past 16 the cells
+    have no outline, and a run of units of one colour is one rectangle (a vocabulary of 128 words, an MLP of
+    256 features: a frame's drawing was its thousand cells). Added with ``add_artist`` and left out of the layout:
+    the limits are set by :func:`draw_frame`, the cells are clipped to the axes, and ``add_patch``'s update of
+    the data limits, and the cells' extents in a bounding box, were most of a frame's time."""
     w, h = slab.size
     n = len(slab.owners)
     edge = dict(edgecolor="black" if moved else "#888888", lw=1.8 if moved else 0.6)
     if state is None:
-        ax.add_patch(Rectangle((x, y), w, h, fill=False, ls=(0, (2, 2)), edgecolor="#BBBBBB", lw=0.6))
+        ax.add_artist(Rectangle((x, y), w, h, fill=False, ls=(0, (2, 2)), edgecolor="#BBBBBB", lw=0.6, in_layout=False))
         return
-    for u, owner in enumerate(slab.owners):
-        if state == WHOLE or owner is None:
-            face = GREY if state != PARTIAL else lighter(rank_color(rank), 0.45)
-        elif state == OWN:
-            face = rank_color(owner) if owner == rank else "white"
-        elif state == GATHERED:
-            face = rank_color(owner) if owner == rank else lighter(rank_color(owner), 0.5)
-        else:  # PARTIAL
-            face = lighter(rank_color(rank), 0.45)
-        ux, uy, uw, uh = ((x + u * w / n, y, w / n, h) if slab.axis == 1 else (x, y + u * h / n, w, h / n))
-        ax.add_patch(Rectangle((ux, uy), uw, uh, facecolor=face, lw=0.8 if n <= 16 or state == PARTIAL else 0,
-                               edgecolor="#444444" if state == PARTIAL else "white",
-                               hatch="////" if state == PARTIAL else None))
-    ax.add_patch(Rectangle((x, y), w, h, fill=False, **edge))
+    faces = [_face(state, owner, rank) for owner in slab.owners]
+    outlined = n <= 16 or state == PARTIAL
+    runs = [1] * n if outlined else [len(list(run)) for _, run in groupby(faces)]  # units per rectangle
+    bounds = [0, *accumulate(runs)]
+    for u, v in zip(bounds, bounds[1:]):
+        ux, uy, uw, uh = ((x + u * w / n, y, (v - u) * w / n, h) if slab.axis == 1
+                          else (x, y + u * h / n, w, (v - u) * h / n))
+        ax.add_artist(Rectangle((ux, uy), uw, uh, facecolor=faces[u], lw=0.8 if outlined else 0,
+                                edgecolor="#444444" if state == PARTIAL else "white",
+                                hatch="////" if state == PARTIAL else None, in_layout=False))
+    ax.add_artist(Rectangle((x, y), w, h, fill=False, in_layout=False, **edge))
 
 
 def draw_frame(frame: Frame, title: str = "") -> Figure:

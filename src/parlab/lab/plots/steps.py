@@ -37,23 +37,27 @@ def png(fig: Figure, dpi: int = FRAME_DPI) -> bytes:
 
 def tile(fig: Figure, dpi: float):
     """``fig`` drawn once at ``dpi`` and cropped to its tight bounding box, as a PIL image: what
-    ``png(fig, dpi)`` shows, without the extra layout pass ``bbox_inches="tight"`` makes (a third of its
-    time). A figure that pyplot manages, or that draws outside its canvas, goes through :func:`png`."""
+    ``png(fig, dpi)`` shows. The bounding box is measured before the figure is drawn (its text is laid out,
+    nothing rasterized); a figure inside its canvas is drawn once on it and cropped, without
+    ``bbox_inches="tight"``'s extra layout pass and the PNG's encoding and decoding; one whose text pokes out
+    of its canvas (a wrapped title) is saved once with that box. A figure that pyplot manages goes through
+    :func:`png`."""
     from PIL import Image
 
-    inside = fig.canvas.manager is None
-    if inside:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        canvas = FigureCanvasAgg(fig)
-        fig.set_dpi(dpi)
-        canvas.draw()
-        bbox = fig.get_tightbbox(canvas.get_renderer())
-        width, height = fig.get_size_inches()
-        inside = bbox.x0 >= -1e-6 and bbox.y0 >= -1e-6 and bbox.x1 <= width + 1e-6 and bbox.y1 <= height + 1e-6
-    if not inside:
+    if fig.canvas.manager is not None:
         return Image.open(io.BytesIO(png(fig, dpi))).convert("RGB")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    fig.set_dpi(dpi)
+    bbox = fig.get_tightbbox(canvas.get_renderer())
+    width, height = fig.get_size_inches()
     pad = mpl.rcParams["savefig.pad_inches"]  # white around the bounding box, on the canvas or not
+    if not (bbox.x0 >= -1e-6 and bbox.y0 >= -1e-6 and bbox.x1 <= width + 1e-6 and bbox.y1 <= height + 1e-6):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches=bbox.padded(pad))
+        return Image.open(buf).convert("RGB")
+    canvas.draw()
     left, top = (round(v * dpi) for v in (bbox.x0 - pad, height - bbox.y1 - pad))
     right, bottom = (round(v * dpi) for v in (bbox.x1 + pad, height - bbox.y0 + pad))
     image = Image.frombuffer("RGBA", canvas.get_width_height(physical=True), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)

@@ -159,9 +159,3 @@ def synchronize() -> None:
     d = device()
     if d.type == "cuda":
         torch.cuda.synchronize(d)
-
-
-if os.environ.get("PARLAB_SIMULATE_GPUS"):  # GPUs simulated on the CPU, NCCL's ways included (CI)
-    from parlab.lab.launch import simgpu
-
-    simgpu.install()

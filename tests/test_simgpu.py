@@ -117,10 +117,10 @@ def test_the_zygote_refuses_a_preload_that_starts_cuda_on_a_simulated_gpu(tmp_pa
     assert "importing parlab_set_device initialised CUDA in the rank server" in got["refused"]
 
 
-@pytest.mark.parametrize("gpus", [2, 4])
-def test_the_gpu_workflows_gpu_tests_pass_on_simulated_gpus(gpus):
-    """The GPU job's first test command (`pytest -m gpu tests`), under the simulation. The job's other test
-    command (test_gpu_mode, test_lease, test_launcher: minutes each) runs in the `gpu-simulated` CI job."""
+def test_the_gpu_workflows_gpu_tests_pass_on_simulated_gpus(gpus=2):
+    """The GPU tests of tests/test_gpu.py (NCCL hang, leases, GPU mode), under the simulation at 2 GPUs. The
+    `gpu-simulated` CI job runs the gpu job's whole test commands (`pytest -m gpu tests`, and test_gpu_mode,
+    test_lease, test_launcher: minutes each) at 2 and at 4."""
     done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:randomly", "-p", "no:cacheprovider",
                            "-n", "0", "-q", "tests/test_gpu.py"], env=_env(gpus), cwd=ROOT, capture_output=True,
                           text=True, timeout=300)

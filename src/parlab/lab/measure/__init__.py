@@ -43,7 +43,7 @@ A DDP step, recorded for chapter 03 (runs on each rank inside ``parlab.launch``)
     return {"events": tl.events, "records": log.records}
 """
 
-from parlab.lab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, nccl_transports, sweep
+from parlab.lab.measure.bandwidth import BandwidthPoint, fit_alpha_beta, nccl_lines, nccl_transports, sweep
 from parlab.lab.measure.comm import (
     CommLog,
     CommRecord,
@@ -98,6 +98,7 @@ __all__ = [
     "measure_activations",
     "measure_memory",
     "merge",
+    "nccl_lines",
     "nccl_transports",
     "peak_memory",
     "record_comm",

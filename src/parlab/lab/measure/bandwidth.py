@@ -129,6 +129,16 @@ def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
     return (value, 0.0) if k == 0 else (0.0, value)
 
 
+def nccl_lines(output: str) -> list[str]:
+    """The lines ``NCCL_DEBUG=INFO`` made NCCL write into ``output`` (a job's printed output)."""
+    from parlab.lab.launch import simgpu
+
+    lines = [line for line in output.splitlines() if "NCCL INFO" in line]
+    if not lines and simgpu.active():  # no NCCL ran: the simulated GPUs' bytes went through gloo
+        raise simgpu.NeedsRealGPU("NCCL's own log (NCCL_DEBUG=INFO)")
+    return lines
+
+
 def nccl_transports(log_text: str) -> set[str]:
     """The transports NCCL chose for its channels, read from its ``NCCL_DEBUG=INFO`` log: ``"P2P"`` (GPU
     to GPU directly: NVLink or PCIe peer-to-peer), ``"SHM"`` (through host memory), ``"NET"`` (a network).

@@ -63,6 +63,12 @@ NCCL_WAYS = """
         out["returned_after"] = time.monotonic() - start  # NCCL: at once, the peer not there yet
         out["sum"] = (t * 1).tolist()  # reads t: waits for the collective, as the GPU's stream does
         out["read_after"] = time.monotonic() - start
+        host = torch.ones(1)  # made on the CPU: GPU mode's gloo half carries it, and gloo blocks
+        if parlab.rank() == 1:
+            time.sleep(1.0)
+        start = time.monotonic()
+        dist.all_reduce(host)
+        out["host_returned_after"] = time.monotonic() - start
         group = dist.new_group(timeout=datetime.timedelta(seconds=2))
         start = time.monotonic()
         wrong = torch.ones(2, device=parlab.device())
@@ -98,6 +104,7 @@ def test_the_simulation_behaves_as_nccl_where_nccl_differs_from_gloo():
         assert r["sum"] == [3.0] * 4  # the data is right where it is read
     early = got["ranks"][0]
     assert early["returned_after"] < 0.3 < 0.7 < early["read_after"]  # queued, then waited where it was read
+    assert early["host_returned_after"] > 0.7  # a CPU tensor's collective blocks, as gloo's does
     for r in got["ranks"]:  # a mismatch waits for the group's watchdog (2 s), then fails as NCCL's does
         assert "[simulated NCCL] Watchdog caught collective operation timeout" in r["mismatch"]
         assert r["mismatch_returned_after"] < 0.5 and r["mismatch_after"] >= 1.9

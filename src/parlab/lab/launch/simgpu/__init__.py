@@ -134,6 +134,7 @@ class _State:
         self.timeout = 600.0  # the default group's timeout in seconds (NCCL's watchdog fires after it)
         self.timeouts: dict = {}  # a new group's own timeout, by the group
         self.swapped: dict = {}  # id -> weak reference, of tensors sent to a simulated GPU (on the CPU)
+        self.host: dict = {}  # the same, of tensors made on the CPU from nothing in a GPU-mode process
 
 
 _state = _State()
@@ -227,21 +228,33 @@ def _swap_device(value):
 
 def on_gpu(tensor) -> bool:
     """Was ``tensor`` sent to a simulated GPU (a ``cuda`` device argument, ``.to``, ``.cuda``)?"""
-    ref = _state.swapped.get(id(tensor))
+    return _marked(_state.swapped, tensor)
+
+
+def on_host(tensor) -> bool:
+    """Was ``tensor`` made on the CPU from nothing (``torch.zeros(1)``: no device, no tensor argument) and
+    never sent to a GPU? In GPU mode the gloo half of ``cpu:gloo,cuda:nccl`` carries such a tensor, which
+    blocks as gloo does; any other tensor counts as on the GPU (what it was computed from is not tracked)."""
+    return _marked(_state.host, tensor) and not on_gpu(tensor)
+
+
+def _marked(table: dict, tensor) -> bool:
+    ref = table.get(id(tensor))
     return ref is not None and ref() is tensor
 
 
-def _forget(ref, key: int) -> None:
-    if _state.swapped.get(key) is ref:
-        del _state.swapped[key]
+def _forget(ref, key: int, table: dict) -> None:
+    if table.get(key) is ref:
+        del table[key]
 
 
-def _mark(result):
+def _mark(result, table: dict | None = None):
     import torch
 
-    if isinstance(result, torch.Tensor) and not on_gpu(result):
+    table = _state.swapped if table is None else table
+    if isinstance(result, torch.Tensor) and not _marked(table, result):
         key = id(result)
-        _state.swapped[key] = weakref.ref(result, functools.partial(_forget, key=key))
+        table[key] = weakref.ref(result, functools.partial(_forget, key=key, table=table))
     return result
 
 
@@ -275,7 +288,9 @@ def _mode_class():
             if func in to_like:
                 args = tuple(_swap_device(a) for a in args)
             result = func(*args, **kwargs)
-            return _mark(result) if to_gpu else result
+            if to_gpu:
+                return _mark(result)
+            return _mark(result, _state.host) if not types and _state.initialized else result  # made from nothing
 
     return CudaOnCpu
 

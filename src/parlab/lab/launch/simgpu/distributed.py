@@ -6,7 +6,9 @@ import functools
 import inspect
 import sys
 
-from parlab.lab.launch.simgpu import COLLECTIVES, _queue, _state
+import torch
+
+from parlab.lab.launch.simgpu import COLLECTIVES, _queue, _state, on_host
 
 def _gpu_group(group) -> bool:
     """Queue a collective over ``group``, as NCCL would? Only in a GPU-mode group, and only where every
@@ -30,12 +32,12 @@ def _queued(name: str, original):
     @functools.wraps(original)
     def collective(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        if bound.arguments.get("async_op") or not _gpu_group(bound.arguments.get("group")):
-            return original(*args, **kwargs)
+        tensors = [v for value in bound.arguments.values()
+                   for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, torch.Tensor)]
+        if bound.arguments.get("async_op") or not _gpu_group(bound.arguments.get("group")) or all(map(on_host, tensors)):
+            return original(*args, **kwargs)  # gloo's, blocking: CPU tensors go through GPU mode's gloo half
         bound.arguments["async_op"] = True
         work = original(*bound.args, **bound.kwargs)
-        tensors = [v for value in bound.arguments.values()
-                   for v in (value if isinstance(value, (list, tuple)) else [value])]
         if work is not None:  # None: this rank is not in the group
             _queue(work, tensors, name, bound.arguments.get("group"))
         return None
@@ -49,7 +51,7 @@ def _p2p(name: str, original, async_version):
     @functools.wraps(original)
     def p2p(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        if not _gpu_group(bound.arguments.get("group")):
+        if not _gpu_group(bound.arguments.get("group")) or on_host(bound.arguments["tensor"]):
             return original(*args, **kwargs)
         work = async_version(*bound.args, **bound.kwargs)  # isend/irecv take send/recv's arguments
         if work is not None:

@@ -36,6 +36,7 @@ docs/ci.md, with the check on a real GPU that decides it.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import threading
@@ -46,6 +47,7 @@ ENV = "PARLAB_SIMULATE_GPUS"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 NAME = "Simulated GPU (parlab, on the CPU)"
 MEMORY = 80 * 2**30
+HOST_REMEMBERED = 4096  # tensors made on the CPU from nothing, the most recent
 # torch.distributed's blocking collectives that NCCL queues and returns from.
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter")
@@ -134,7 +136,7 @@ class _State:
         self.timeout = 600.0  # the default group's timeout in seconds (NCCL's watchdog fires after it)
         self.timeouts: dict = {}  # a new group's own timeout, by the group
         self.swapped: dict = {}  # id -> weak reference, of tensors sent to a simulated GPU (on the CPU)
-        self.host: dict = {}  # the same, of tensors made on the CPU from nothing in a GPU-mode process
+        self.host = collections.OrderedDict()  # id -> storage, of recent tensors made on the CPU from nothing
 
 
 _state = _State()
@@ -234,8 +236,27 @@ def on_gpu(tensor) -> bool:
 def on_host(tensor) -> bool:
     """Was ``tensor`` made on the CPU from nothing (``torch.zeros(1)``: no device, no tensor argument) and
     never sent to a GPU? In GPU mode the gloo half of ``cpu:gloo,cuda:nccl`` carries such a tensor, which
-    blocks as gloo does; any other tensor counts as on the GPU (what it was computed from is not tracked)."""
-    return _marked(_state.host, tensor) and not on_gpu(tensor)
+    blocks as gloo does; any other tensor counts as on the GPU (what it was computed from is not tracked).
+    The recent ones are remembered by id and storage, not by a weak reference (which would stop
+    ``torch.utils.swap_tensors`` on a parameter): a stale or forgotten entry only changes whether the host
+    waits at the collective, never the data."""
+    try:
+        return _state.host.get(id(tensor)) == tensor.untyped_storage().data_ptr() and not on_gpu(tensor)
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _mark_host(result):
+    import torch
+
+    if isinstance(result, torch.Tensor):
+        try:
+            _state.host[id(result)] = result.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return result
+        if len(_state.host) > HOST_REMEMBERED:
+            _state.host.popitem(last=False)
+    return result
 
 
 def _marked(table: dict, tensor) -> bool:
@@ -290,7 +311,7 @@ def _mode_class():
             result = func(*args, **kwargs)
             if to_gpu:
                 return _mark(result)
-            return _mark(result, _state.host) if not types and _state.initialized else result  # made from nothing
+            return _mark_host(result) if not types and _state.initialized else result  # made from nothing
 
     return CudaOnCpu
 
@@ -315,9 +336,10 @@ def install() -> bool:
     from parlab.lab.launch.simgpu import cuda, distributed
 
     functions = cuda.functions(torch.cuda.is_initialized)
-    for name, fn in functions.items():
-        setattr(torch.cuda, name, fn)
+    for name, fn in functions.items():  # classes as they are; each function an object of its own
+        setattr(torch.cuda, name, fn if isinstance(fn, type) else cuda._own(fn))
     cuda.patch_profiler()
+    torch.compile = _no_compile
     for name, fn in cuda.accelerator_functions(functions).items():
         if hasattr(torch, "accelerator"):
             setattr(torch.accelerator, name, fn)
@@ -330,6 +352,15 @@ def install() -> bool:
         os.environ["PYTHONPATH"] = os.pathsep.join([SITE, *paths])
     _state.installed = True
     return True
+
+
+def _no_compile(model=None, **kwargs):
+    """``torch.compile`` on simulated GPUs: its tracer (dynamo) cannot see through the simulation's torch.cuda
+    and torch.accelerator, and Inductor's GPU kernels need a GPU; the compiled callable raises NeedsRealGPU."""
+    def refuse(*args, **kw):
+        raise NeedsRealGPU("torch.compile (dynamo traces the simulation's own functions; Inductor's GPU kernels)")
+
+    return (lambda fn: refuse) if model is None else refuse
 
 
 def active() -> bool:

@@ -127,11 +127,20 @@ def functions(real_is_initialized) -> dict:
     }
 
 
+def _own(fn):
+    """A function object of its own for each name (torch.compile's tracer refuses one registered twice)."""
+
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return call
+
+
 def accelerator_functions(cuda: dict) -> dict:
     """``torch.accelerator`` (accelerate and transformers ask it which device a machine has): the same GPUs."""
     import torch
 
-    return {
+    return {name: _own(fn) for name, fn in {
         "current_accelerator": lambda check_available=False: torch.device("cuda") if visible() else None,
         "is_available": lambda: bool(visible()), "device_count": lambda: len(visible()),
         "current_device_index": cuda["current_device"], "current_device_idx": cuda["current_device"],
@@ -142,7 +151,7 @@ def accelerator_functions(cuda: dict) -> dict:
         "max_memory_reserved": cuda["max_memory_reserved"], "reset_peak_memory_stats": cuda["reset_peak_memory_stats"],
         "get_memory_info": cuda["mem_get_info"], "current_stream": cuda["current_stream"],
         "set_stream": lambda stream: None,
-    }
+    }.items()}
 
 
 def patch_profiler() -> None:

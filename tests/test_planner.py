@@ -194,12 +194,11 @@ def test_candidates_put_what_fits_first_then_the_fastest():
      "zero_stage=4"),
     (lambda: planner.predict_dp_step("zero4", {}, 1, 1, 0, 0, 0), "strategy='zero4'"),
     (lambda: planner.collective_seconds("all_to_all", 1, planner.ring_costs(LINK, 2)), "op='all_to_all'"),
-    (lambda: planner.cluster_of("infiniband"), "name='infiniband'; choose 'nvlink', 'pcie' or 'h100'"),
+    (lambda: planner.cluster_of("infiniband"), "name='infiniband'; choose one of 'nvlink', 'pcie', 'h100', 'h800', 'b200', 'gb200'"),
     # interleaving: every chunk of a pipeline rank needs a layer (24 layers on 4 stages: at most 6 chunks)
-    (lambda: planner.predict(_workload(model=_gpt2(24)), planner.Layout(pp=4), planner.Cluster(gpus_per_node=4),
-                             chunks=1000),
-     "chunks=1000: each of a pipeline rank's chunks needs at least one layer; 24 layers on pp=4 stages leave 6"),
-    (lambda: planner.predict(_workload(), planner.Layout(dp=4), planner.Cluster(gpus_per_node=4), chunks=2),
+    (lambda: planner.predict(_workload(model=_gpt2(24)), planner.Layout(pp=4, vp=1000), planner.Cluster(gpus_per_node=4)),
+     "vp=1000: each of a pipeline rank's chunks needs at least one layer; 24 layers on pp=4 stages leave 6"),
+    (lambda: planner.predict(_workload(), planner.Layout(dp=4, vp=2), planner.Cluster(gpus_per_node=4)),
      "pp=1 has no pipeline to interleave"),
     (lambda: _workload(attention=None), "attention=None; choose one of 'sdpa', 'eager'"),
     (lambda: _workload(recompute="some"), "recompute='some'; choose one of 'none', 'selective', 'full'"),
@@ -569,11 +568,11 @@ def test_pipeline_messages_set_the_interleaving_depth():
     layout = planner.Layout(tp=4, pp=4, dp=2, zero_stage=1)
 
     def best(**options):
-        steps = {v: planner.predict(workload, layout, cluster, chunks=v, **options).step_s for v in (1, 2, 4, 10, 20)}
+        steps = {v: planner.predict(workload, replace(layout, vp=v), cluster, **options).step_s for v in (1, 2, 4, 10, 20)}
         return min(steps, key=steps.get)
 
     assert best() == 2 and best(without=("pp",)) == 20
-    ranked = planner.candidates(workload, cluster, chunks=(1, 2, 4))
+    ranked = planner.candidates(workload, cluster, vp=(1, 2, 4))
     assert any(p.chunks > 1 for p in ranked) and all(p.chunks <= min(p.stages) for p in ranked)
 
 
@@ -630,8 +629,8 @@ def test_megatron_keeps_fp32_gradients_and_zero3_its_working_set():
     wire = {x.precision: planner.predict(x, planner.Layout(dp=8), cluster).bytes_by_axis["dp"] for x in (w, fp16)}
     assert wire["bf16"] == pytest.approx(2 * wire["fp16"]) == pytest.approx(4 * w.num_params)
     assert all(run.precision == "fp16" for run in planner.CALIBRATION_RUNS[:4] + planner.HELD_OUT_RUNS[:4])
-    with pytest.raises(ValueError, match="precision='fp8'"):
-        planner.Workload("Llama 2 13B", global_batch=8, seq_len=1024, precision="fp8")
+    with pytest.raises(ValueError, match="precision='fp8' on the A100 SXM4 80 GB: it has no FP8 tensor cores"):
+        planner.predict(replace(w, precision="fp8"), planner.Layout(dp=8), cluster)
     z3 = planner.predict(w, planner.Layout(dp=8, zero_stage=3), cluster, implementation="deepspeed").memory
     sharded = estimate_memory(num_params=w.num_params, precision="bf16", world_size=8, zero_stage=3)
     gathered = z3.buckets  # DeepSpeed: Llama 13B's MLP tensors (70 M values) exceed its prefetch buffer: one layer

@@ -56,6 +56,14 @@ LINKS = {
     "infiniband_ndr": Link("InfiniBand NDR, 8 × 400 Gb/s per node", 5e-6, 50e9,
                            "NVIDIA DGX H100: eight 400 Gb/s ConnectX-7 adapters, one per GPU (50 GB/s each; 48-49 "
                            "GB/s measured per adapter: NVIDIA/nccl-tests#267)"),
+    "nvlink_h800": Link("NVLink (H800, export variant)", 2e-6, 160e9,
+                        "DeepSeek-V3 technical report (arXiv:2412.19437), §3.2.2: on its H800 cluster 'NVLink offers a "
+                        "bandwidth of 160 GB/s', the achievable figure (the H800's NVLink line rate is 400 GB/s both "
+                        "directions together)"),
+    "nvlink5": Link("NVLink 5 (NVSwitch)", 2e-6, 740e9,
+                    "assumed: NVLink 4's measured ratio of NCCL bus bandwidth to line rate (370 of 450 GB/s, "
+                    "NVIDIA/nccl-tests#212) applied to NVLink 5's 900 GB/s each way (B200 / GB200 datasheets: 1.8 TB/s "
+                    "per GPU, both directions together); not yet a measured figure"),
 }
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send")
@@ -100,10 +108,13 @@ def collective_seconds(op: str, nbytes: float, costs: dict) -> float:
 
 @dataclass(frozen=True)
 class GPU:
-    """One accelerator: ``memory`` (bytes), peak dense ``flops`` (FLOP/s in the training precision) and
-    ``memory_bandwidth`` (bytes/s, what an optimizer step is bound by). ``attention_flops``: the FLOP/s a
-    fused attention kernel's forward and backward reach on it, from a published kernel benchmark (its
-    ``attention_source``); ``None`` where none is taken, and the kernel runs at the matrix products' rate."""
+    """One accelerator: ``memory`` (bytes), peak dense ``flops`` (FLOP/s in bf16/fp16, the training precision's
+    matrix products; fp32 training is priced at this rate too, as TF32's) and ``memory_bandwidth`` (bytes/s,
+    what an optimizer step and the memory-bound work are bound by). ``fp8_flops``: peak dense FP8 FLOP/s,
+    ``None`` where the GPU has no FP8 tensor cores (the A100: a run in FP8 is refused). ``generation``: whose
+    fitted shares of peak it takes (:data:`UTILIZATIONS`). ``attention_flops``: the FLOP/s a fused attention
+    kernel's forward and backward reach on it, from a published kernel benchmark (its ``attention_source``);
+    ``None`` where none is taken, and the kernel runs at the matrix products' rate."""
 
     name: str
     memory: float
@@ -112,16 +123,41 @@ class GPU:
     source: str = ""
     attention_flops: float | None = None
     attention_source: str = ""
+    fp8_flops: float | None = None
+    generation: str = "a100"
+
+    def peak(self, precision: str) -> float:
+        """Peak dense FLOP/s of the matrix products in ``precision`` (``"fp8"``, else the 16-bit rate)."""
+        if precision != "fp8":
+            return self.flops
+        if self.fp8_flops is None:
+            raise ValueError(f"precision='fp8' on the {self.name}: it has no FP8 tensor cores (FP8 needs an H100, "
+                             f"H800, B200 or GB200); choose precision='bf16'")
+        return self.fp8_flops
 
 
 A100 = GPU("A100 SXM4 80 GB", 80e9, 312e12, 2.039e12,
            "NVIDIA A100 datasheet: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e")
+_FA2_H100 = dict(attention_flops=335e12,
+                 attention_source="Dao 2023, FlashAttention-2 (arXiv:2307.08691), §4.1: on H100 'we obtain up to 335 "
+                                  "TFLOPs/s' (Fig. 7, forward + backward, head dim 64 and 128); 34 % of peak, as "
+                                  "FlashAttention-3's abstract puts it (Shah et al. 2024: 'only 35% utilization')")
 H100 = GPU("H100 SXM5 80 GB", 80e9, 989e12, 3.35e12,
-           "NVIDIA H100 datasheet (SXM): 989 TFLOP/s dense bf16 (1,979 with sparsity), 3.35 TB/s HBM3",
-           attention_flops=335e12,
-           attention_source="Dao 2023, FlashAttention-2 (arXiv:2307.08691), §4.1: on H100 'we obtain up to 335 "
-                            "TFLOPs/s' (Fig. 7, forward + backward, head dim 64 and 128); 34 % of peak, as "
-                            "FlashAttention-3's abstract puts it (Shah et al. 2024: 'only 35% utilization')")
+           "NVIDIA H100 datasheet (SXM): 989 TFLOP/s dense bf16 (1,979 with sparsity), 1,979 dense FP8, 3.35 TB/s HBM3",
+           fp8_flops=1979e12, generation="h100", **_FA2_H100)
+#: The H100's export variant: the same chip and rates, NVLink cut to 400 GB/s (:data:`LINKS` ``"nvlink_h800"``).
+H800 = GPU("H800 SXM5 80 GB", 80e9, 989e12, 3.35e12,
+           "the H100 SXM5's compute and memory (NVIDIA's H800 is the H100 with its NVLink cut to 400 GB/s; DeepSeek-V3 "
+           "report, §3.2.2)", fp8_flops=1979e12, generation="h100", **_FA2_H100)
+B200 = GPU("B200 SXM 180 GB", 180e9, 2.25e15, 8e12,
+           "NVIDIA DGX B200 datasheet, per GPU (÷ 8): 72 PFLOPS FP8 training with sparsity (4.5 dense per GPU), "
+           "bf16 half of it (2.25 dense), 1,440 GB HBM3e and 64 TB/s (180 GB, 8 TB/s)",
+           fp8_flops=4.5e15, generation="blackwell")
+GB200 = GPU("GB200 (NVL72) 186 GB", 186e9, 2.5e15, 8e12,
+            "NVIDIA GB200 NVL72 datasheet, per GPU (÷ 72): 720 PFLOPS FP8 with sparsity (5 dense per GPU), 360 "
+            "PFLOPS FP16/BF16 with sparsity (2.5 dense), 13.4 TB HBM3e at 576 TB/s (186 GB, 8 TB/s)",
+            fp8_flops=5e15, generation="blackwell")
+GPUS = {"a100": A100, "h100": H100, "h800": H800, "b200": B200, "gb200": GB200}
 #: Share of peak FLOP/s the GPU reaches on the FLOPs it executes (hardware FLOPs utilisation of the
 #: computation: recomputation counted; the bubble and exposed communication are priced apart, not in it).
 #: The planner's one fitted constant for the A100 generation (0.62 until Narayanan et al.'s fp16 runs kept fp16
@@ -143,6 +179,12 @@ UTILIZATION = 0.61
 #: :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing, though the latter's
 #: memory miss prompted the GELU change that moved it.
 H100_UTILIZATION = 0.66
+#: Each generation's fitted shares of peak, by the precision of the matrix products (``"fp8"``: the share of
+#: FP8 peak the FP8 matrix products reach; the rest of a step stays at the 16-bit share): the A100's and
+#: H100's 16-bit ones above; the others fitted on the rows ``docs/planner.md`` names for each
+#: (:func:`~parlab.decide.planner.published.calibrated_utilization`).
+UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATION, ("h100", "fp8"): 0.45,
+                ("blackwell", "bf16"): 0.6, ("blackwell", "fp8"): 0.45}
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB
@@ -151,10 +193,12 @@ BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 
 @dataclass(frozen=True)
 class Cluster:
-    """``nodes`` × ``gpus_per_node`` GPUs; ``intra``: the link inside a node, ``inter``: between nodes (per
-    GPU: a node's adapters shared by its GPUs). ``overlap``: collectives run beside computation (GPUs) or
-    take turns with it (CPU ranks). ``utilization``: the GPU's share of peak; by default its generation's fitted one,
-    :data:`H100_UTILIZATION` for the :data:`H100`, else :data:`UTILIZATION` (the A100's)."""
+    """``nodes`` × ``gpus_per_node`` GPUs; ``intra``: the link inside an NVLink domain, ``inter``: between
+    domains (per GPU: a node's adapters shared by its GPUs). ``domain``: GPUs joined by ``intra``, by default
+    one node; a GB200 NVL72 rack joins 72 (18 trays of 4), so tensor and expert parallelism can leave the
+    tray. ``overlap``: collectives run beside computation (GPUs) or take turns with it (CPU ranks).
+    ``utilization``: the GPU's share of peak on 16-bit matrix products, ``fp8_utilization`` on FP8 ones; by
+    default its generation's fitted ones (:data:`UTILIZATIONS`)."""
 
     gpu: GPU = A100
     gpus_per_node: int = 8
@@ -163,29 +207,62 @@ class Cluster:
     inter: Link = LINKS["infiniband"]
     utilization: float | None = None
     overlap: bool = True
+    domain: int | None = None
+    fp8_utilization: float | None = None
 
     def __post_init__(self):
+        positive_int("gpus_per_node", self.gpus_per_node, "GPUs in a node")
+        positive_int("nodes", self.nodes, "nodes in the cluster")
         if self.utilization is None:  # the GPU generation's fitted share
-            object.__setattr__(self, "utilization", H100_UTILIZATION if self.gpu == H100 else UTILIZATION)
+            object.__setattr__(self, "utilization", UTILIZATIONS[(self.gpu.generation, "bf16")])
+        if self.fp8_utilization is None:
+            object.__setattr__(self, "fp8_utilization", UTILIZATIONS.get((self.gpu.generation, "fp8")))
+        if self.domain is None:
+            object.__setattr__(self, "domain", self.gpus_per_node)
+        positive_int("domain", self.domain, "GPUs joined by the intra link (an NVLink domain)")
+
+    def rate(self, precision: str) -> float:
+        """FLOP/s the matrix products reach in ``precision``: peak × the fitted share."""
+        share = self.fp8_utilization if precision == "fp8" else self.utilization
+        return self.gpu.peak(precision) * share
 
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
     def link(self, topology: Topology, axis: str) -> Link:
-        """The link a ring of ``axis``'s groups runs at: ``intra`` if every group stays in a node; else the
-        adapters between nodes, as many as the group has GPUs in each node (NCCL runs one ring per adapter:
-        a group spanning whole nodes of DGX A100s reaches 8 × 25 GB/s, measured 192: NVIDIA/nccl#812), at
-        most the link inside the node; one GPU per node: one adapter (``inter``)."""
-        group = topology.group_ranks(axis, 0)  # every group of an axis spans nodes alike
-        nodes = [r // self.gpus_per_node for r in group]
-        if len(set(nodes)) == 1:
+        """The link a ring of ``axis``'s groups runs at (:meth:`span_link` of its first group)."""
+        return self.span_link(topology.group_ranks(axis, 0))  # every group of an axis spans nodes alike
+
+    def span_link(self, group) -> Link:
+        """The link a ring over the ranks ``group`` runs at: ``intra`` if they stay in one NVLink domain
+        (:attr:`domain`); else the adapters between domains, as many as the group has GPUs in each (NCCL runs
+        one ring per adapter: a group spanning whole nodes of DGX A100s reaches 8 × 25 GB/s, measured 192:
+        NVIDIA/nccl#812), at most the link inside the domain; one GPU per domain: one adapter (``inter``)."""
+        domains = [r // self.domain for r in group]
+        if len(set(domains)) == 1:
             return self.intra
-        per_node = nodes.count(nodes[0])
-        if per_node == 1:
+        per_domain = domains.count(domains[0])
+        if per_domain == 1:
             return self.inter
-        return Link(f"{self.inter.name} (×{per_node} per node)", max(self.inter.alpha, self.intra.alpha),
-                    min(self.intra.bandwidth, per_node * self.inter.bandwidth), self.inter.source)
+        return Link(f"{self.inter.name} (×{per_domain} per node)", max(self.inter.alpha, self.intra.alpha),
+                    min(self.intra.bandwidth, per_domain * self.inter.bandwidth), self.inter.source)
+
+    def all_to_all_seconds(self, group, nbytes: float) -> float:
+        """Seconds of one all-to-all over the ranks ``group`` in which each rank holds ``nbytes`` (the nccl-tests
+        size) and keeps 1/n: (n − 1) messages, and each rank's shares for ranks in its own domain cross
+        ``intra`` while those for other domains cross its own adapter (``inter``), the two at once, so the
+        slower sets the time (the ring formulas do not apply: nothing is forwarded)."""
+        n = len(group)
+        if n < 2:
+            return 0.0
+        domains = [r // self.domain for r in group]
+        near = domains.count(domains[0]) - 1
+        far = n - 1 - near
+        inside = near / n * nbytes / self.intra.bandwidth
+        outside = far / n * nbytes / self.inter.bandwidth if far else 0.0
+        alpha = max(self.intra.alpha, self.inter.alpha if far else 0.0)
+        return (n - 1) * alpha + max(inside, outside)
 
     def describe(self) -> str:
         where = f"{self.nodes} node{'s' if self.nodes > 1 else ''} × {self.gpus_per_node} {self.gpu.name}"
@@ -193,11 +270,16 @@ class Cluster:
 
 
 def cluster_of(name: str, nodes: int = 1, **changes) -> Cluster:
-    """A cluster of 8-GPU nodes: ``"nvlink"``, DGX A100 (NVLink 3 inside, 8 × HDR between nodes);
-    ``"pcie"``, 8 A100s on PCIe with the same adapters; ``"h100"``, DGX H100 (NVLink 4, 8 × NDR).
-    ``changes`` replace other fields (``inter=LINKS[...]``, ``gpu=...``)."""
+    """A cluster of nodes of one kind: ``"nvlink"``, DGX A100 (NVLink 3 inside, 8 × HDR between nodes);
+    ``"pcie"``, 8 A100s on PCIe with the same adapters; ``"h100"``, DGX H100 (NVLink 4, 8 × NDR); ``"h800"``,
+    DeepSeek-V3's H800 nodes (NVLink at 160 GB/s, 8 × NDR); ``"b200"``, DGX B200 (NVLink 5, 8 × NDR);
+    ``"gb200"``, GB200 NVL72 trays of 4 GPUs, 18 to a 72-GPU NVLink domain (``nodes`` counts trays), one 400
+    Gb/s adapter per GPU between racks. ``changes`` replace other fields (``inter=LINKS[...]``, ``gpu=...``)."""
     kinds = {"nvlink": dict(intra=LINKS["nvlink"]), "pcie": dict(intra=LINKS["pcie"]),
-             "h100": dict(gpu=H100, intra=LINKS["nvlink4"], inter=LINKS["infiniband_ndr"])}
+             "h100": dict(gpu=H100, intra=LINKS["nvlink4"], inter=LINKS["infiniband_ndr"]),
+             "h800": dict(gpu=H800, intra=LINKS["nvlink_h800"], inter=LINKS["infiniband_ndr"]),
+             "b200": dict(gpu=B200, intra=LINKS["nvlink5"], inter=LINKS["infiniband_ndr"]),
+             "gb200": dict(gpu=GB200, gpus_per_node=4, domain=72, intra=LINKS["nvlink5"], inter=LINKS["infiniband_ndr"])}
     if name not in kinds:
-        raise ValueError(f"name={name!r}; choose 'nvlink', 'pcie' or 'h100' (the kind of node)")
+        raise ValueError(f"name={name!r}; choose one of {', '.join(map(repr, kinds))} (the kind of node)")
     return replace(Cluster(nodes=nodes, **kinds[name]), **changes)

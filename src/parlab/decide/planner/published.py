@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from parlab.decide.planner.hardware import Cluster, cluster_of
 from parlab.decide.planner.step import Prediction, predict
-from parlab.decide.planner.workload import Layout, Workload
+from parlab.decide.planner.layout import Layout
+from parlab.decide.planner.workload import Workload
 
 
 # -- checked against published runs (chapter 07) ------------------------------------------------------------
@@ -42,7 +43,6 @@ class PublishedRun:
     attention: str = "eager"
     nodes_kind: str = "nvlink"
     precision: str = "bf16"
-    chunks: int = 1  # interleaved model chunks per pipeline rank, where the source names them
     grad_dtype: str | None = None  # gradients kept and reduced in; None: the implementation's default
 
     @property
@@ -71,7 +71,7 @@ class PublishedRun:
         """The planner's prediction of this run on its hardware; ``options`` go to :func:`predict`
         (``without=``, to leave a cost term out)."""
         return predict(self.workload(), self.layout, cluster or self.cluster(),
-                       **{"implementation": self.implementation, "chunks": self.chunks, "grad_dtype": self.grad_dtype,
+                       **{"implementation": self.implementation, "grad_dtype": self.grad_dtype,
                           **options})
 
     @property
@@ -116,12 +116,12 @@ def _korthikanti(name, recompute, mfu):
     layers, hidden, _, vocab = MT_NLG
     flops = 72 * 2240 * 2048 * layers * hidden**2 * (1 + 2048 / (6 * hidden) + vocab / (12 * layers * hidden))
     how = "sequence parallelism and selective recomputation" if recompute == "selective" else "full recomputation"
-    return PublishedRun(name, MT_NLG, Layout(dp=8, tp=8, pp=35), 2240, 1, flops / (mfu * 2240 * 312e12),
+    return PublishedRun(name, MT_NLG, Layout(dp=8, tp=8, pp=35, vp=3), 2240, 1, flops / (mfu * 2240 * 312e12),
                         f"Korthikanti et al. 2022 (arXiv:2205.05198), abstract: the 530B GPT on 2240 A100s at "
                         f"{mfu:.1%} MFU with {how}; Table 3's 530B: 105 layers, h 20480, 128 heads, TP 8, PP 35, "
                         f"global batch 2240; §6: the interleaved schedule with three stages per rank (one layer "
                         f"a chunk); micro-batch 1 assumed",
-                        recompute=recompute, sequence_parallel=recompute == "selective", chunks=3)
+                        recompute=recompute, sequence_parallel=recompute == "selective")
 
 
 MT_NLG = (105, 20480, 128, 51200)  # the 530B GPT of Korthikanti et al. 2022 (Table 3)
@@ -204,7 +204,7 @@ def calibrated_utilization(runs=PUBLISHED_RUNS) -> float:
 
     def median_ratio(u):
         return statistics.median(predict(w, run.layout, run.cluster(utilization=u),
-                                         implementation=run.implementation, chunks=run.chunks).step_s / run.step_s
+                                         implementation=run.implementation).step_s / run.step_s
                                  for run, w in workloads)
 
     low, high = 0.2, 1.0

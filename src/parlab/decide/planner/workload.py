@@ -9,14 +9,21 @@ import math
 from dataclasses import dataclass, field
 
 from parlab.lab.checks import positive_int
-from parlab.lab.topology import Topology
 
 #: What a :class:`Workload`'s attention keeps for backward (the estimator's ``attention``, chapter 01).
 ATTENTIONS = ("sdpa", "eager")
 #: How much of each layer's forward backward runs again.
 RECOMPUTES = ("none", "selective", "full")
-#: The training precisions (chapter 01's estimator's): fp32, or mixed precision computing in bf16 or fp16.
-PRECISIONS = ("bf16", "fp16", "fp32")
+#: The training precisions: fp32, mixed precision computing in bf16 or fp16 (chapter 01's estimator's), or
+#: ``"fp8"``: bf16 mixed precision whose linear layers' matrix products run in FP8 (:attr:`Workload.fp8_recipe`).
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+#: How FP8 scales its tensors, and the bytes a rank reads and writes per value it casts (:meth:`Workload.fp8_cast_bytes`):
+#: ``"tensorwise"`` (current scaling: one amax pass over the bf16 tensor, then the cast, 2 + 2 + 1 bytes:
+#: torchao's ``tensorwise``, Transformer Engine's ``Float8CurrentScaling``), ``"delayed"`` (the scale from
+#: earlier steps' amax history, the cast alone, 2 + 1: Transformer Engine's ``DelayedScaling``), ``"rowwise"``
+#: (torchao: a scale per row, found and applied in one pass, 2 + 1), ``"blockwise"`` (DeepSeek-V3's 1 × 128 and
+#: 128 × 128 tiles, one pass, 2 + 1) and ``"mxfp8"`` (Blackwell's 32-value blocks, one pass, 2 + 1).
+FP8_RECIPES = {"tensorwise": 5, "delayed": 3, "rowwise": 3, "blockwise": 3, "mxfp8": 3}
 #: The dtypes a run may keep and reduce its gradients in (:meth:`Workload.grad_bytes`), bytes each.
 GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -56,6 +63,16 @@ class Workload:
     FLOPs per token run again in backward) or ``"full"`` (every layer's forward redone in backward, only its
     input kept); ``checkpointing=True`` is ``recompute="full"``. ``sequence_parallel``: the activations
     outside TP's matrix products split over the tp ranks too (Korthikanti et al. 2022, §4.2.2; chapter 05).
+
+    ``precision="fp8"``: the linear layers' matrix products in FP8, scaled by ``fp8_recipe``
+    (:data:`FP8_RECIPES`); attention's core, the output layer, the router and everything else stay bf16, as
+    Transformer Engine and torchao leave them. ``fp8_gather``: ZeRO-3 gathers the weights already cast to
+    FP8, one byte each (torchtitan's ``enable_fsdp_float8_all_gather``, Megatron's ``--fp8-param-gather``).
+
+    A mixture of experts is read from its config (Mixtral, Qwen-MoE, DeepSeek-V3: :attr:`experts`): FLOPs
+    count the active experts (top-k, and the shared ones), memory every expert. ``capacity_factor``: each
+    expert computes a buffer of ``capacity_factor`` × its even share of the tokens, padded or dropped to it;
+    ``None``: dropless (each expert computes exactly its tokens, assumed balanced).
     """
 
     model: object
@@ -68,6 +85,9 @@ class Workload:
     attention: str = "sdpa"
     recompute: str | None = None
     sequence_parallel: bool = False
+    fp8_recipe: str = "tensorwise"
+    fp8_gather: bool = False
+    capacity_factor: float | None = None
     num_params: int = field(init=False)
     root_params: int = field(init=False)
     config: object = field(init=False, repr=False)
@@ -93,6 +113,11 @@ class Workload:
             raise ValueError(f"recompute={self.recompute!r}; choose one of {', '.join(map(repr, RECOMPUTES))}")
         if self.checkpointing and self.recompute not in (None, "full"):
             raise ValueError(f"checkpointing=True means recompute='full'; got recompute={self.recompute!r} too")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"fp8_recipe={self.fp8_recipe!r}; choose one of {', '.join(map(repr, FP8_RECIPES))}")
+        if self.capacity_factor is not None and not (self.experts and self.capacity_factor >= 1):
+            raise ValueError(f"capacity_factor={self.capacity_factor!r}: at least 1, and only for a mixture of experts "
+                             f"(this config has {'experts' if self.experts else 'none'}); None: dropless")
         recompute = "full" if self.checkpointing else (self.recompute or "none")
         object.__setattr__(self, "recompute", recompute)
         object.__setattr__(self, "checkpointing", recompute == "full")
@@ -108,6 +133,50 @@ class Workload:
     @property
     def value_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
+
+    @property
+    def experts(self) -> tuple[int, int, int] | None:
+        """(routed experts per MoE layer, experts per token (top-k), parameters of every routed expert of the
+        model), read from the config (``num_local_experts``, ``num_experts`` or ``n_routed_experts``;
+        ``num_experts_per_tok``) and counted on the meta device; ``None`` for a dense model. Shared experts
+        run for every token and count as dense weights."""
+        from parlab.lab.measure.activations import config_json
+
+        return _experts(config_json(self.config))
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of every routed expert of the model (0 for a dense model): what ep splits."""
+        return self.experts[2] if self.experts else 0
+
+    @property
+    def active_fraction(self) -> float:
+        """Share of the routed experts' weights each token runs through: k/E (× the capacity factor, whose padding
+        is computed too), 1 for a dense model."""
+        if not self.experts:
+            return 1.0
+        num, top_k, _ = self.experts
+        return top_k / num * (self.capacity_factor or 1.0)
+
+    @property
+    def dense(self):
+        """The config the activation estimator reads (chapter 01): the model's own for a dense model; for a
+        mixture of experts, its dense twin, a Llama layer of the same shape whose MLP is as wide as the MLPs a
+        token runs through (k experts and the shared ones), so that what a token keeps and what its
+        memory-bound work moves are counted. An approximation: the router and the permutations are left to
+        the ep term, and DeepSeek-V3's latent attention is priced as attention over full heads."""
+        if not self.experts:
+            return self.config
+        from transformers import LlamaConfig
+
+        c, h = self.config, self.hidden
+        heads = getattr(c, "num_attention_heads", None) or c.n_head
+        head_dim = h // heads
+        attention = 2 * h * h + 2 * h * self.kv_heads * head_dim
+        mlp = max(1, round((self.active_layer_params - attention) / (3 * h)))
+        return LlamaConfig(hidden_size=h, intermediate_size=mlp, num_hidden_layers=self.layers,
+                           num_attention_heads=heads, num_key_value_heads=self.kv_heads, vocab_size=c.vocab_size,
+                           max_position_embeddings=max(self.seq_len, 2048), tie_word_embeddings=False)
 
     def grad_bytes(self, implementation: str, zero_stage: int = 0, grad_dtype: str | None = None) -> int:
         """Bytes of one gradient value as the run keeps and reduces it: ``grad_dtype`` (one of
@@ -129,7 +198,7 @@ class Workload:
             return 4
         if grad_dtype is not None:
             return GRAD_DTYPES[grad_dtype]
-        if self.precision != "bf16":
+        if self.precision not in ("bf16", "fp8"):
             return self.value_bytes
         return 4 if implementation == "megatron" or implementation == "deepspeed" and zero_stage <= 1 else 2
 
@@ -165,10 +234,31 @@ class Workload:
         return (self.num_params - self.root_params) / self.layers
 
     @property
+    def active_layer_params(self) -> float:
+        """One layer's weights a token runs through: all of a dense layer's; of a MoE layer its attention, router
+        and shared experts, and k of its E routed experts (:attr:`active_fraction`)."""
+        return self.layer_params - self.expert_params / self.layers * (1 - self.active_fraction)
+
+    def rank_layer_params(self, layout) -> float:
+        """One layer's weights on one rank of ``layout``: the dense ones over tp, the experts over ep × etp."""
+        experts = self.expert_params / self.layers
+        return (self.layer_params - experts) / layout.tp + experts / (layout.ep * layout.etp)
+
+    @property
     def layer_flops(self) -> float:
-        """Forward FLOPs of one layer per token: 2 per weight (its matrix products) plus attention's scores and
-        weighted sum, 4·s·h (Narayanan et al. 2021, eq. 3: 24·h² + 4·s·h for a GPT layer)."""
-        return 2 * self.layer_params + self.attention_flops
+        """Forward FLOPs of one layer per token: 2 per weight a token runs through (its matrix products) plus
+        attention's scores and weighted sum, 4·s·h (Narayanan et al. 2021, eq. 3: 24·h² + 4·s·h for a GPT
+        layer)."""
+        return 2 * self.active_layer_params + self.attention_flops
+
+    def fp8_cast_bytes(self) -> float:
+        """Bytes one token's casts to FP8 read and write per layer, forward and backward (0 unless
+        ``precision="fp8"``): each linear layer's input forward, its output's gradient backward and its input
+        again for the weights' gradient, about 9·h + 4·f values for a layer of width h and MLP width f (the MLPs
+        a token runs through), each at :data:`FP8_RECIPES`' bytes."""
+        if self.precision != "fp8":
+            return 0.0
+        return (9 * self.hidden + 4 * self.dense.intermediate_size) * FP8_RECIPES[self.fp8_recipe]
 
     @property
     def output_flops(self) -> float:
@@ -183,7 +273,7 @@ class Workload:
         Under ``sequence_parallel`` that work is split over the tp ranks too, as its activations are."""
         from parlab.lab.measure.activations import config_json
 
-        return _layer_bytes(config_json(self.config), self.kept_attention, self.seq_len, self.micro_batch,
+        return _layer_bytes(config_json(self.dense), self.kept_attention, self.seq_len, self.micro_batch,
                             self.value_bytes, tp, self.sequence_parallel and tp > 1)
 
     @property
@@ -237,6 +327,24 @@ class Workload:
         return {"full": self.layer_flops, "selective": self.attention_flops, "none": 0.0}[self.recompute]
 
 
+#: The config fields a mixture of experts names its routed experts by, and its top-k by.
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+@functools.lru_cache(maxsize=64)
+def _experts(config_json: str) -> tuple[int, int, int] | None:
+    from parlab.lab.measure.activations import meta_model
+
+    model = meta_model(config_json)
+    config = model.config
+    num = next((getattr(config, f) for f in EXPERT_FIELDS if getattr(config, f, None)), None)
+    if not num or num <= 1:
+        return None
+    routed = sum(p.numel() for name, p in model.named_parameters()
+                 if ".experts." in name and "shared" not in name)
+    return num, config.num_experts_per_tok, routed
+
+
 @functools.cache
 def _layer_tensors(config_json: str) -> tuple[int, int]:
     from torch import nn
@@ -260,60 +368,3 @@ def _layer_bytes(config_json: str, attention, seq_len: int, micro_batch: int, va
     config = AutoConfig.for_model(**json.loads(config_json))
     arch = architecture(config, attention=attention)
     return sum(t.per_rank(tp, sequence_parallel) for t in layer_terms(arch, seq_len, micro_batch, value_bytes, "cuda"))
-
-
-def stage_layers(workload: Workload, pp: int) -> tuple[int, ...]:
-    """Layers per pipeline stage, first to last, as evenly as the slowest stage allows: the last stage also
-    runs the output layer (:attr:`Workload.output_flops`, as many layers' worth of FLOPs as it costs), so it
-    may take fewer layers; every stage at least one. Real pipelines split unevenly too (BLOOM: 70 layers on
-    12 stages, Megatron-DeepSpeed's ``--pp-partition-method``; Megatron-LM's
-    ``--decoder-last-pipeline-num-layers``)."""
-    layers = workload.layers
-    pp = positive_int("pp", pp, "pipeline stages")
-    if pp > layers:
-        raise ValueError(f"pp={pp} stages for {layers} layers: every stage needs at least one layer")
-    if pp == 1:
-        return (layers,)
-    out = workload.output_flops / workload.layer_flops  # the output layer, in layers
-
-    def slowest(last):
-        rest = layers - last
-        return max(-(-rest // (pp - 1)), last + out)
-
-    last = min((n for n in range(1, layers - pp + 2)), key=lambda n: (slowest(n), -n))
-    q, r = divmod(layers - last, pp - 1)
-    return tuple([q] * (pp - 1 - r) + [q + 1] * r + [last])
-
-
-def stage_params(workload: Workload, pp: int) -> tuple[float, ...]:
-    """Weights per stage: its layers; the first also the embedding (and whatever else of the root is not the
-    output layer), the last the output layer and final norm (a copy of the embedding when the two are tied,
-    as Megatron-LM keeps one on each end)."""
-    w, per_stage = workload, stage_layers(workload, pp)
-    tied = getattr(w.config, "tie_word_embeddings", False)
-    first_end = w.root_params - (0 if tied else w.output_params)
-    if pp == 1:
-        return (w.num_params,)
-    params = [n * w.layer_params for n in per_stage]
-    params[0] += first_end
-    params[-1] += w.output_params
-    return tuple(params)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Sizes of the mesh's axes and the ZeRO stage of its data-parallel axis (0: plain DDP)."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero_stage: int = 0
-
-    @property
-    def topology(self) -> Topology:
-        return Topology(dp=self.dp, tp=self.tp, pp=self.pp)
-
-    def __str__(self) -> str:
-        axes = [f"{name} {size}" for name, size in (("TP", self.tp), ("PP", self.pp), ("DP", self.dp)) if size > 1]
-        zero = f" + ZeRO-{self.zero_stage}" if self.zero_stage and self.dp > 1 else ""
-        return (" × ".join(axes) or "1 GPU") + zero

@@ -78,14 +78,15 @@ MEGATRON_BRIDGE_FLOPS = (
     "SwiGLU's 3/2 only when the activation is F.silu (GPT-OSS's clamped GLU is counted at 1)")
 MB_NOTE = (
     "Megatron-Core distributed optimizer unless FSDP > 0 (then Megatron-FSDP, sharding group "
-    "#GPUs/(TP*PP)); sequence parallelism with TP > 1; MoE rows force-balance tokens over experts and are "
+    "#GPUs/(TP*PP)); the Llama 3 pretrain recipe's DDP: use_distributed_optimizer, grad_reduce_in_fp32, "
+    "overlap_grad_reduce and overlap_param_gather all True (src/megatron/bridge/recipes/llama/llama3.py); sequence parallelism with TP > 1; MoE rows force-balance tokens over experts and are "
     "token-dropless (table footnote); the recipe preset behind a row (scripts/performance/configs, commit "
     "97ad8cc6f) may not match the printed layout exactly.")
 SYSTEMS = {
     "gb200": "DGX-GB200 (GB200 NVL72: one NVLink domain of 72 GPUs; the table does not say how the GPUs "
              "map onto racks)",
     "b200": "DGX-B200 (8 GPUs per node on NVLink 5)",
-    "h100": "DGX-H100 (8 GPUs per node on NVLink 4, 8 x 400 Gb/s InfiniBand)",
+    "h100": "DGX-H100 (8 GPUs per node on NVLink 4)",
 }
 TABLE = {"gb200": "System: DGX-GB200", "b200": "System: DGX-B200", "h100": "System: DGX-H100"}
 RECIPES = {  # the table's precision word -> (precision, fp8 recipe); Megatron-Bridge mixed_precision.py
@@ -127,7 +128,7 @@ def _mb(name, gpu, model, gpus, prec, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, g
                                       "fp8_gather: the recipe's fp8_param_gather=True (mixed_precision.py)."
                                       if recipe else "",
                                       "etp 1: the MoE recipes' expert_tensor_parallel_size=1." if ep > 1 else "",
-                                      "cp_kind: Megatron-Core's default cp_comm_type 'p2p'." if cp > 1 else "")
+                                      "cp_kind: the recipes set no cp_comm_type; Megatron-LM's --cp-comm-type defaults to ['p2p'] (ring)." if cp > 1 else "")
                          if x),
     }
 
@@ -166,7 +167,7 @@ _MB_ROWS = (
     _mb("DeepSeek-V3 (no MTP), 256 GB200, MXFP8", "gb200", DSV3_NOMTP, 256, "FP8-MX", 4096, 1, 4096, 0, 1, 8, 1, 4,
         32, 128, 4018, 1003,
         "DeepSeekV3 (w/o MTP) | 256 | FP8-MX | 4096 | 1 | 4096 | 0 | 1 | 8 | 1 | 4 | 32 | 128 | 4018 | 1003",
-        "61 layers over PP 8 x VP 4: uneven (Megatron puts the remainder in first/last stages as the recipe says).",
+        "61 layers over PP 8 x VP 4 = 32 chunks: uneven.",
         recompute="selective (recipe preset: mla_up_proj)"),
     _mb("GPT-OSS 120B, 64 GB200, BF16", "gb200", GPT_OSS_120B, 64, "BF16", 1280, 1, 8192, 0, 1, 1, 1, 1, 64, 20,
         15876, 488,
@@ -247,8 +248,9 @@ TT_URL = "github.com/pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan
 TT_FLOPS = "no FLOPs: the benchmark prints tokens per second per GPU (TPS/GPU) only (it declines MFU under Float8)"
 TT_NOTE = ("Grand Teton hosts: 8 H100 with 96 GB HBM2e (2.4 TB/s) at the default 500 W power limit, not the "
            "700 W H100 SXM 80 GB; 400 Gb/s RDMA per GPU between hosts. TPS/GPU read at iteration 90. FSDP2 "
-           "(per-parameter sharding); Float8 is torchao's float8 Linear (dynamic tensorwise scaling at that "
-           "date), applied to nn.Linear only.")
+           "(per-parameter sharding); Float8 is torchao's Float8Linear on nn.Linear, dynamic (per-tensor, "
+           "current) scaling by default at the benchmark's commit 9dec370 (config_manager.py "
+           "--float8.scaling_type_input default 'dynamic').")
 
 
 def _tt(name, table, printed, model, gpus, tok, *, seq=8192, local_batch, tp=1, pp=1, cp=1, vp=1, micro_batch=None,
@@ -407,9 +409,9 @@ _DSV3_ROW = {
                 "model chunks per rank (§3.2.1 Table 2, 'Parameter 2x')."),
     "notes": ("DualPipe: bidirectional pipeline overlapping each chunk's all-to-all and PP communication with "
               "computation; tokens dispatched to at most 4 nodes; 20 SMs given to communication (§3.2.2); H800 "
-              "NVLink 160 GB/s and IB 50 GB/s per GPU as the report states; MTP depth 1; master weights and "
+              "'NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)' (§3.2.2); MTP depth 1; master weights and "
               "gradients FP32, Adam moments BF16; dropless with auxiliary-loss-free balancing; embedding, output "
-              "head, gating, norms and attention in BF16/FP32. micro_batch not stated."),
+              "head, gating, norms and attention in BF16/FP32 (§3.3.1); no token dropping (§2.1.2). micro_batch not stated."),
 }
 
 FIELD_RUNS = _MB_ROWS + _TT_ROWS + _L3_ROWS + (_DSV3_ROW,)

@@ -43,23 +43,27 @@ def test_model_builds(row):
 
 
 def megatron_bridge_flops_per_token(row) -> float:
-    """Megatron-Bridge's flop_utils.py count for a GQA model with SwiGLU (Llama 3, Qwen3 MoE), per token."""
+    """Megatron-Bridge's flop_utils.py count for a GQA model (Llama 3, Qwen3 MoE, GPT-OSS), per token: SwiGLU's
+    3/2 only for F.silu, so GPT-OSS's clamped GLU counts 1, and its sliding-window layers count full attention."""
     m = row["model"]
     h, layers, s = m["hidden_size"], m["num_hidden_layers"], row["seq_len"]
     heads, groups = m["num_attention_heads"], m["num_key_value_heads"]
     kv_channels = m.get("head_dim", h // heads)
     if "num_experts" in m:
         ffn = m["moe_intermediate_size"] * m["num_experts_per_tok"]
+    elif "num_local_experts" in m:
+        ffn = m["intermediate_size"] * m["num_experts_per_tok"]
     else:
         ffn = m["intermediate_size"]
     multiple = 128 * row["tp"]
     vocab = -(-m["vocab_size"] // multiple) * multiple
     attention = 12 * layers * h * h * (1 + groups / heads + s / h / 2) * (heads * kv_channels / h)
-    return 12 * layers * h * ffn * 1.5 + attention + 6 * h * vocab
+    glu = 1 if m["class"] == "GptOssConfig" else 1.5
+    return 12 * layers * h * ffn * glu + attention + 6 * h * vocab
 
 
 @pytest.mark.parametrize("row", [r for r in FIELD_RUNS if r["framework"] == "megatron"
-                                 and r["model"]["class"] in ("LlamaConfig", "Qwen3MoeConfig")],
+                                 and r["model"]["class"] in ("LlamaConfig", "Qwen3MoeConfig", "GptOssConfig")],
                          ids=lambda r: r["name"])
 def test_megatron_bridge_tflops_are_their_tokens_through_their_count(row):
     tflops = row["tokens_per_s_per_gpu"] * megatron_bridge_flops_per_token(row) / 1e12

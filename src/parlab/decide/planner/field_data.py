@@ -1,10 +1,11 @@
 """Published training runs of today's layouts (FP8, context parallelism, mixtures of experts, interleaved
-pipelines; A100 to GB200), as plain data for checking the planner on runs it did not fit.
+pipelines; H100, H800, B200 and GB200: no A100 row, the A100 runs being in ``published.py``), as plain data for checking the planner on runs it did not fit.
 
 Each row of :data:`FIELD_RUNS` is a plain ``dict`` with the same keys (:data:`KEYS`); nothing here imports the
 planner. ``model`` builds a ``transformers`` config: ``getattr(transformers, model["class"])(**kwargs)`` with the
 other keys. Every value was read in the row's ``source``; a value worked out from others says how in
-``derived``. :data:`HARDWARE_FACTS` holds the vendors' figures for the GPUs these rows ran on.
+``derived``. :data:`HARDWARE_FACTS` holds figures for the GPUs these rows ran on: peaks, memory and links as
+NVIDIA states them (some through a secondary page, which its ``source`` names) and collectives as measured.
 
 Sources, in the order the rows come:
 
@@ -13,8 +14,9 @@ Sources, in the order the rows come:
   "25.11 NeMo Container", tables "System: DGX-GB200", "DGX-B200", "DGX-H100"). Its columns: Model, #-GPUs,
   Precision, GBS, MBS, Sequence Length, FSDP, TP, PP, CP, VP, EP, GA, Tokens / sec / GPU, Model TFLOP / sec / GPU.
   Its FLOPs: ``src/megatron/bridge/training/utils/flop_utils.py`` (:data:`MEGATRON_BRIDGE_FLOPS`).
-- torchtitan's ``benchmarks/llama3_h100_202412_torchtitan.md`` (github.com/pytorch/torchtitan; the runs of
-  Liang et al. 2024, arXiv:2410.06511, repeated with the torch/torchao/torchtitan of 2024-12-26).
+- torchtitan's ``benchmarks/llama3_h100_202412_torchtitan.md`` (github.com/pytorch/torchtitan, the torchtitan
+  team's runs with the torch/torchao/torchtitan of 2024-12-26; the paper, Liang et al. 2024, arXiv:2410.06511,
+  was not in the stored sources, so its own tables are not used).
 - Llama 3 (Dubey et al. 2024, arXiv:2407.21783v3), §3.3.2, Table 4.
 - DeepSeek-V3 technical report (arXiv:2412.19437), §1 Table 1 and §3.
 """

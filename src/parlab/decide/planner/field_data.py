@@ -1,5 +1,6 @@
 """Published training runs of today's layouts (FP8, context parallelism, mixtures of experts, interleaved
-pipelines; H100, H800, B200 and GB200: no A100 row, the A100 runs being in ``published.py``), as plain data for checking the planner on runs it did not fit.
+pipelines; H100, H800, B200 and GB200: no A100 row, the A100 runs being in ``published.py``), as plain data
+for checking the planner on runs it did not fit.
 
 Each row of :data:`FIELD_RUNS` is a plain ``dict`` with the same keys (:data:`KEYS`); nothing here imports the
 planner. ``model`` builds a ``transformers`` config: ``getattr(transformers, model["class"])(**kwargs)`` with the
@@ -81,7 +82,8 @@ MEGATRON_BRIDGE_FLOPS = (
 MB_NOTE = (
     "Megatron-Core distributed optimizer unless FSDP > 0 (then Megatron-FSDP, sharding group "
     "#GPUs/(TP*PP)); the Llama 3 pretrain recipe's DDP: use_distributed_optimizer, grad_reduce_in_fp32, "
-    "overlap_grad_reduce and overlap_param_gather all True (src/megatron/bridge/recipes/llama/llama3.py); sequence parallelism with TP > 1; MoE rows force-balance tokens over experts and are "
+    "overlap_grad_reduce and overlap_param_gather all True (src/megatron/bridge/recipes/llama/llama3.py); "
+    "sequence parallelism with TP > 1; MoE rows force-balance tokens over experts and are "
     "token-dropless (table footnote); the recipe preset behind a row (scripts/performance/configs, commit "
     "97ad8cc6f) may not match the printed layout exactly.")
 SYSTEMS = {
@@ -130,7 +132,8 @@ def _mb(name, gpu, model, gpus, prec, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, g
                                       "fp8_gather: the recipe's fp8_param_gather=True (mixed_precision.py)."
                                       if recipe else "",
                                       "etp 1: the MoE recipes' expert_tensor_parallel_size=1." if ep > 1 else "",
-                                      "cp_kind: the recipes set no cp_comm_type; Megatron-LM's --cp-comm-type defaults to ['p2p'] (ring)." if cp > 1 else "")
+                                      "cp_kind: the recipes set no cp_comm_type; Megatron-LM's --cp-comm-type "
+                                      "defaults to ['p2p'] (ring)." if cp > 1 else "")
                          if x),
     }
 
@@ -411,7 +414,8 @@ _DSV3_ROW = {
                 "model chunks per rank (§3.2.1 Table 2, 'Parameter 2x')."),
     "notes": ("DualPipe: bidirectional pipeline overlapping each chunk's all-to-all and PP communication with "
               "computation; tokens dispatched to at most 4 nodes; 20 SMs given to communication (§3.2.2); H800 "
-              "'NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)' (§3.2.2); MTP depth 1; master weights and "
+              "'NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)' (§3.2.2); MTP depth 1; "
+              "master weights and "
               "gradients FP32, Adam moments BF16; dropless with auxiliary-loss-free balancing; embedding, output "
               "head, gating, norms and attention in BF16/FP32 (§3.3.1); no token dropping (§2.1.2). micro_batch not stated."),
 }

@@ -197,7 +197,7 @@ def test_candidates_put_what_fits_first_then_the_fastest():
     (lambda: planner.cluster_of("infiniband"), "name='infiniband'; choose one of 'nvlink', 'pcie', 'h100', 'h800', 'b200', 'gb200'"),
     # interleaving: every chunk of a pipeline rank needs a layer (24 layers on 4 stages: at most 6 chunks)
     (lambda: planner.predict(_workload(model=_gpt2(24)), planner.Layout(pp=4, vp=1000), planner.Cluster(gpus_per_node=4)),
-     "vp=1000: each of a pipeline rank's chunks needs at least one layer; 24 layers on pp=4 stages leave 6"),
+     "vp=1000: each of a pipeline rank's chunks needs at least one layer; 24 layers on pp=4 stages give each 6"),
     (lambda: planner.predict(_workload(), planner.Layout(dp=4, vp=2), planner.Cluster(gpus_per_node=4)),
      "pp=1 has no pipeline to interleave"),
     (lambda: _workload(attention=None), "attention=None; choose one of 'sdpa', 'eager'"),
@@ -482,7 +482,7 @@ def test_h100_runs_fit_one_constant_and_attention_sets_long_sequences():
     assert abs(planner.calibrated_utilization(planner.H100_CALIBRATION_RUNS) - planner.H100_UTILIZATION) < 0.02
     assert planner.cluster_of("h100").utilization == planner.Cluster(gpu=planner.H100).utilization == planner.H100_UTILIZATION
     assert planner.Cluster().utilization == planner.UTILIZATION  # the A100's
-    assert planner.H100.attention_flops == 335e12 and "FlashAttention-2" in planner.H100.attention_source
+    assert planner.H100.attention_flops["sdpa"] == 335e12 and "FlashAttention-2" in planner.H100.attention_source
     errors = {run.name: run.predict().step_s / run.step_s - 1
               for run in planner.H100_CALIBRATION_RUNS + planner.H100_HELD_OUT_RUNS[:2]}  # MPT 7B, 4k to 64k
     assert all(abs(e) <= 0.20 for e in errors.values()), errors

@@ -112,16 +112,17 @@ class GPU:
     matrix products; fp32 training is priced at this rate too, as TF32's) and ``memory_bandwidth`` (bytes/s,
     what an optimizer step and the memory-bound work are bound by). ``fp8_flops``: peak dense FP8 FLOP/s,
     ``None`` where the GPU has no FP8 tensor cores (the A100: a run in FP8 is refused). ``generation``: whose
-    fitted shares of peak it takes (:data:`UTILIZATIONS`). ``attention_flops``: the FLOP/s a fused attention
-    kernel's forward and backward reach on it, from a published kernel benchmark (its ``attention_source``);
-    ``None`` where none is taken, and the kernel runs at the matrix products' rate."""
+    fitted shares of peak it takes (:data:`UTILIZATIONS`). ``attention_flops``: the FLOP/s each fused attention
+    kernel's forward and backward reach on it (``{"sdpa": ..., "cudnn": ...}``, the :class:`Workload`'s
+    ``attention``), from published kernel benchmarks (``attention_source``); ``None``, or a kernel left out,
+    where none is taken, and the kernel runs at the matrix products' rate."""
 
     name: str
     memory: float
     flops: float
     memory_bandwidth: float
     source: str = ""
-    attention_flops: float | None = None
+    attention_flops: dict | None = None
     attention_source: str = ""
     fp8_flops: float | None = None
     generation: str = "a100"
@@ -138,13 +139,21 @@ class GPU:
 
 A100 = GPU("A100 SXM4 80 GB", 80e9, 312e12, 2.039e12,
            "NVIDIA A100 datasheet: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e")
-_FA2_H100 = dict(attention_flops=335e12,
-                 attention_source="Dao 2023, FlashAttention-2 (arXiv:2307.08691), §4.1: on H100 'we obtain up to 335 "
-                                  "TFLOPs/s' (Fig. 7, forward + backward, head dim 64 and 128); 34 % of peak, as "
-                                  "FlashAttention-3's abstract puts it (Shah et al. 2024: 'only 35% utilization')")
+_FA2_H100 = dict(attention_flops={"sdpa": 335e12, "cudnn": 1.5 * 335e12},
+                 attention_source="sdpa: Dao 2023, FlashAttention-2 (arXiv:2307.08691), §4.1: on H100 'we obtain up to "
+                                  "335 TFLOPs/s' (Fig. 7, forward + backward, head dim 64 and 128); 34 % of peak, as "
+                                  "FlashAttention-3's abstract puts it (Shah et al. 2024: 'only 35% utilization'). "
+                                  "cudnn: FlashAttention-3's class (Transformer Engine's cuDNN kernel under Megatron-Core), "
+                                  "the low end of its abstract's '1.5-2.0x' over FlashAttention-2, its backward gaining "
+                                  "least")
 H100 = GPU("H100 SXM5 80 GB", 80e9, 989e12, 3.35e12,
            "NVIDIA H100 datasheet (SXM): 989 TFLOP/s dense bf16 (1,979 with sparsity), 1,979 dense FP8, 3.35 TB/s HBM3",
            fp8_flops=1979e12, generation="h100", **_FA2_H100)
+#: torchtitan's benchmark hosts (Grand Teton): H100s with 96 GB of HBM2e at 2.4 TB/s, at a 500 W power limit;
+#: their peak is priced as the H100 SXM's (the power limit is not).
+H100_96 = GPU("H100 96 GB HBM2e (Grand Teton, 500 W)", 96e9, 989e12, 2.4e12,
+              "torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 'H100 GPUs with 96 GB HBM2e ... at the default "
+              "500 W power limit'", fp8_flops=1979e12, generation="h100", **_FA2_H100)
 #: The H100's export variant: the same chip and rates, NVLink cut to 400 GB/s (:data:`LINKS` ``"nvlink_h800"``).
 H800 = GPU("H800 SXM5 80 GB", 80e9, 989e12, 3.35e12,
            "the H100 SXM5's compute and memory (NVIDIA's H800 is the H100 with its NVLink cut to 400 GB/s; DeepSeek-V3 "
@@ -157,7 +166,7 @@ GB200 = GPU("GB200 (NVL72) 186 GB", 186e9, 2.5e15, 8e12,
             "NVIDIA GB200 NVL72 datasheet, per GPU (÷ 72): 720 PFLOPS FP8 with sparsity (5 dense per GPU), 360 "
             "PFLOPS FP16/BF16 with sparsity (2.5 dense), 13.4 TB HBM3e at 576 TB/s (186 GB, 8 TB/s)",
             fp8_flops=5e15, generation="blackwell")
-GPUS = {"a100": A100, "h100": H100, "h800": H800, "b200": B200, "gb200": GB200}
+GPUS = {"a100": A100, "h100": H100, "h100_96": H100_96, "h800": H800, "b200": B200, "gb200": GB200}
 #: Share of peak FLOP/s the GPU reaches on the FLOPs it executes (hardware FLOPs utilisation of the
 #: computation: recomputation counted; the bubble and exposed communication are priced apart, not in it).
 #: The planner's one fitted constant for the A100 generation (0.62 until Narayanan et al.'s fp16 runs kept fp16
@@ -183,8 +192,8 @@ H100_UTILIZATION = 0.66
 #: FP8 peak the FP8 matrix products reach; the rest of a step stays at the 16-bit share): the A100's and
 #: H100's 16-bit ones above; the others fitted on the rows ``docs/planner.md`` names for each
 #: (:func:`~parlab.decide.planner.published.calibrated_utilization`).
-UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATION, ("h100", "fp8"): 0.45,
-                ("blackwell", "bf16"): 0.6, ("blackwell", "fp8"): 0.45}
+UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATION, ("h100", "fp8"): 0.88,
+                ("blackwell", "bf16"): H100_UTILIZATION, ("blackwell", "fp8"): 0.58}
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB

@@ -40,6 +40,9 @@ def stage_memory(workload: Workload, layout: Layout, zero_stage: int, dense: flo
                          optimizer=states.optimizer + more.optimizer)
         notes += (f"experts over ep {layout.ep} × etp {layout.etp}, sharded over {held}",)
     activations = -(-acts.activations // layout.cp)
+    if w.fused and w.recompute != "full":  # what the fused kernels keep, against what the eager modules keep
+        activations = round(activations * w.fused_layer_bytes(layout.tp) / w.layer_bytes(layout.tp))
+        notes += ("fused kernels: what their matrix products and attention keep",)
     if layout.cp > 1:
         notes += (f"context parallel: activations of seq_len/{layout.cp} tokens per rank",)
     whole = replace(states, activations=activations, buckets=round(working_set), notes=notes + (

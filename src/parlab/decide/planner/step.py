@@ -233,11 +233,11 @@ def _checked(w: Workload, layout: Layout, cluster: Cluster, reshard, off, implem
         raise ValueError(f"global_batch={w.global_batch} does not split into dp={dp} replicas of micro-batches "
                          f"of {w.micro_batch}")
     stages = stage_layers(w, pp)
-    if v > 1 and (pp == 1 or v > min(stages)):
+    if v > 1 and (pp == 1 or v > w.layers // pp):  # Megatron splits the layers evenly over pp × vp chunks
         raise ValueError(f"vp={v}: each of a pipeline rank's chunks needs at least one layer; "
                          + ("pp=1 has no pipeline to interleave (use vp=1)" if pp == 1 else
-                            f"{w.layers} layers on pp={pp} stages leave {min(stages)} on the smallest, so vp "
-                            f"may be 1 to {min(stages)}"))
+                            f"{w.layers} layers on pp={pp} stages give each {w.layers // pp}, so vp "
+                            f"may be 1 to {w.layers // pp}"))
     if "latency" in off:
         cluster = replace(cluster, intra=replace(cluster.intra, alpha=0.0), inter=replace(cluster.inter, alpha=0.0))
     return w.global_batch // (dp * w.micro_batch), stages, reshard, cluster
@@ -253,7 +253,7 @@ def _computation(w: Workload, layers: int, last: bool, layout: Layout, cluster: 
     attention = 0.0 if "attention" in off else w.attention_flops
     # a fused kernel (sdpa) runs attention's FLOPs at its own published rate where the GPU has one; eager
     # attention's QKᵀ and weighted sum are matrix products like the rest
-    kernel = cluster.gpu.attention_flops if w.attention == "sdpa" and "attention_kernel" not in off else None
+    kernel = (cluster.gpu.attention_flops or {}).get(w.attention) if "attention_kernel" not in off else None
     one_attention = attention * tokens / tp / (kernel or rate)
     layers_s = layers * ((w.layer_flops - w.attention_flops) * tokens / tp / linear_rate + one_attention)
     output_s = (w.output_flops * tokens / tp / rate) if last else 0.0

@@ -21,10 +21,8 @@ def fp8_scaling(w: Workload, layers: int, tokens: float, layout: Layout, cluster
 
 
 def kv_block(w: Workload, layout: Layout) -> float:
-    """Bytes of one rank's keys and values for one layer and micro-batch: 2 · b · (s/cp) · g · d over tp."""
-    heads = getattr(w.config, "num_attention_heads", None) or w.config.n_head
-    head_dim = getattr(w.config, "head_dim", None) or w.hidden // heads
-    return 2 * w.micro_batch * w.seq_len / layout.cp * w.kv_heads / layout.tp * head_dim * w.value_bytes
+    """Bytes of one rank's keys and values for one layer and micro-batch: b · (s/cp) · g · (d_k + d_v) over tp."""
+    return (w.micro_batch * w.seq_len / layout.cp * w.kv_heads / layout.tp * sum(w.head_dims) * w.value_bytes)
 
 
 def context(w: Workload, layout: Layout, cluster: Cluster, layers: int, attention_s: float, off):

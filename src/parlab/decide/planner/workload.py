@@ -11,19 +11,22 @@ from dataclasses import dataclass, field
 from parlab.lab.checks import positive_int
 
 #: What a :class:`Workload`'s attention keeps for backward (the estimator's ``attention``, chapter 01).
-ATTENTIONS = ("sdpa", "eager")
+ATTENTIONS = ("sdpa", "eager", "cudnn")
 #: How much of each layer's forward backward runs again.
 RECOMPUTES = ("none", "selective", "full")
 #: The training precisions: fp32, mixed precision computing in bf16 or fp16 (chapter 01's estimator's), or
 #: ``"fp8"``: bf16 mixed precision whose linear layers' matrix products run in FP8 (:attr:`Workload.fp8_recipe`).
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
-#: How FP8 scales its tensors, and the bytes a rank reads and writes per value it casts (:meth:`Workload.fp8_cast_bytes`):
-#: ``"tensorwise"`` (current scaling: one amax pass over the bf16 tensor, then the cast, 2 + 2 + 1 bytes:
-#: torchao's ``tensorwise``, Transformer Engine's ``Float8CurrentScaling``), ``"delayed"`` (the scale from
-#: earlier steps' amax history, the cast alone, 2 + 1: Transformer Engine's ``DelayedScaling``), ``"rowwise"``
-#: (torchao: a scale per row, found and applied in one pass, 2 + 1), ``"blockwise"`` (DeepSeek-V3's 1 × 128 and
-#: 128 × 128 tiles, one pass, 2 + 1) and ``"mxfp8"`` (Blackwell's 32-value blocks, one pass, 2 + 1).
-FP8_RECIPES = {"tensorwise": 5, "delayed": 3, "rowwise": 3, "blockwise": 3, "mxfp8": 3}
+#: How FP8 scales its tensors, and the bytes a rank moves per value it casts beyond what the kernel that produced
+#: the value moves anyway (:meth:`Workload.fp8_cast_bytes`): the cast is fused into that kernel (Transformer
+#: Engine's norm and activation kernels emit FP8; torch.compile fuses torchao's casts), so it writes the FP8 copy,
+#: one byte; ``"tensorwise"`` (current scaling: torchao's ``tensorwise``, Transformer Engine's
+#: ``Float8CurrentScaling``) also reads the bf16 tensor once more for its amax before the cast can start, 2 + 1;
+#: ``"delayed"`` (the scale from earlier steps' amax history: ``DelayedScaling``), ``"rowwise"``, ``"blockwise"``
+#: (DeepSeek-V3's 1 × 128 and 128 × 128 tiles) and ``"mxfp8"`` (Blackwell's 32-value blocks) find their scales in
+#: the same pass, 1. An assumption of the right order (the fusions are the stacks'), checked only through the FP8
+#: rows' fit (``docs/planner.md``).
+FP8_RECIPES = {"tensorwise": 3, "delayed": 1, "rowwise": 1, "blockwise": 1, "mxfp8": 1}
 #: The dtypes a run may keep and reduce its gradients in (:meth:`Workload.grad_bytes`), bytes each.
 GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -56,8 +59,9 @@ class Workload:
     """A model and its batch: ``model`` a transformers config or a ``parlab.decide.advice`` preset name;
     ``global_batch`` sequences of ``seq_len`` tokens per step, ``micro_batch`` of them per forward pass.
 
-    ``attention``: ``"sdpa"`` (a fused kernel: no s × s scores kept; what transformers and every current
-    stack runs) or ``"eager"`` (the scores kept, as Megatron-LM's 2021-22 softmax kernel did); always named,
+    ``attention``: ``"sdpa"`` (a fused kernel: no s × s scores kept; what transformers and torchtitan run,
+    FlashAttention-2 on an H100), ``"cudnn"`` (the same, Transformer Engine's cuDNN kernel under Megatron-Core,
+    FlashAttention-3's class on an H100: :attr:`GPU.attention_flops`) or ``"eager"`` (the scores kept, as Megatron-LM's 2021-22 softmax kernel did); always named,
     never guessed from the config. ``recompute``: ``"none"``, ``"selective"`` (Korthikanti et al. 2022,
     §5: only the attention core, softmax(QKᵀ)·V, recomputed: its s × s activations never kept, its 4·s·h
     FLOPs per token run again in backward) or ``"full"`` (every layer's forward redone in backward, only its
@@ -68,6 +72,10 @@ class Workload:
     (:data:`FP8_RECIPES`); attention's core, the output layer, the router and everything else stay bf16, as
     Transformer Engine and torchao leave them. ``fp8_gather``: ZeRO-3 gathers the weights already cast to
     FP8, one byte each (torchtitan's ``enable_fsdp_float8_all_gather``, Megatron's ``--fp8-param-gather``).
+
+    ``fused``: the layer's elementwise work runs inside its matrix products' and attention's kernels
+    (Transformer Engine under Megatron-Core, torch.compile under torchtitan), so a layer keeps only what those
+    kernels need (:meth:`fused_layer_bytes`), not what transformers' eager modules keep (chapter 01).
 
     A mixture of experts is read from its config (Mixtral, Qwen-MoE, DeepSeek-V3: :attr:`experts`): FLOPs
     count the active experts (top-k, and the shared ones), memory every expert. ``capacity_factor``: each
@@ -87,6 +95,7 @@ class Workload:
     sequence_parallel: bool = False
     fp8_recipe: str = "tensorwise"
     fp8_gather: bool = False
+    fused: bool = False
     capacity_factor: float | None = None
     num_params: int = field(init=False)
     root_params: int = field(init=False)
@@ -169,13 +178,12 @@ class Workload:
             return self.config
         from transformers import LlamaConfig
 
-        c, h = self.config, self.hidden
-        heads = getattr(c, "num_attention_heads", None) or c.n_head
-        head_dim = h // heads
-        attention = 2 * h * h + 2 * h * self.kv_heads * head_dim
+        c, h, heads, (head_dim, _) = self.config, self.hidden, self.heads, self.head_dims
+        kv_heads = self.kv_heads if self.kv_heads <= heads else heads
+        attention = 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim
         mlp = max(1, round((self.active_layer_params - attention) / (3 * h)))
-        return LlamaConfig(hidden_size=h, intermediate_size=mlp, num_hidden_layers=self.layers,
-                           num_attention_heads=heads, num_key_value_heads=self.kv_heads, vocab_size=c.vocab_size,
+        return LlamaConfig(hidden_size=h, intermediate_size=mlp, num_hidden_layers=self.layers, head_dim=head_dim,
+                           num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=c.vocab_size,
                            max_position_embeddings=max(self.seq_len, 2048), tie_word_embeddings=False)
 
     def grad_bytes(self, implementation: str, zero_stage: int = 0, grad_dtype: str | None = None) -> int:
@@ -251,6 +259,22 @@ class Workload:
         layer)."""
         return 2 * self.active_layer_params + self.attention_flops
 
+    def fused_layer_bytes(self, tp: int = 1) -> float:
+        """Bytes one layer of a fused stack keeps for backward per micro-batch on one of ``tp`` ranks (sequence
+        parallel): each norm's input and output, Q, K and V, attention's output (its log-sum-exp is negligible),
+        the MLP's two up-projections and their product: 2·h + 2·h + (a·d_qk + g·(d_qk + d_v)) + a·d_v + 2·f + f
+        values per token, in bf16; under FP8 the GEMMs' inputs (the norms' outputs, attention's output and the
+        product) are kept in FP8, one byte each (Transformer Engine, torchao). Under full recomputation only the
+        layer's input."""
+        tokens = self.micro_batch * self.seq_len
+        if self.recompute == "full":
+            return tokens * self.hidden * self.value_bytes / tp
+        h, f, (qk, v) = self.hidden, self.dense.intermediate_size, self.head_dims
+        kept16 = 2 * h + self.heads * qk + self.kv_heads * (qk + v) + 2 * f
+        gemm_inputs = 2 * h + self.heads * v + f
+        per_value = 1 if self.precision == "fp8" else self.value_bytes
+        return tokens * (kept16 * self.value_bytes + gemm_inputs * per_value) / tp
+
     def fp8_cast_bytes(self) -> float:
         """Bytes one token's casts to FP8 read and write per layer, forward and backward (0 unless
         ``precision="fp8"``): each linear layer's input forward, its output's gradient backward and its input
@@ -287,12 +311,28 @@ class Workload:
     @property
     def kept_attention(self) -> str:
         """What the attention keeps for backward: selective recomputation keeps what a fused kernel keeps."""
-        return "sdpa" if self.recompute == "selective" else self.attention
+        return "sdpa" if self.recompute == "selective" or self.attention == "cudnn" else self.attention
+
+    @property
+    def heads(self) -> int:
+        return getattr(self.config, "num_attention_heads", None) or self.config.n_head
+
+    @property
+    def head_dims(self) -> tuple[int, int]:
+        """(the query/key head width, the value head width): the config's ``head_dim`` where it names one
+        (Qwen3, GPT-OSS: heads × head_dim need not be h), DeepSeek-V3's latent attention's ``qk_head_dim`` and
+        ``v_head_dim`` (192, 128), else h / heads."""
+        c = self.config
+        if getattr(c, "qk_head_dim", None):
+            return c.qk_head_dim, c.v_head_dim
+        width = getattr(c, "head_dim", None) or self.hidden // self.heads
+        return width, width
 
     @property
     def attention_flops(self) -> float:
-        """Forward FLOPs per token of one layer's attention core, QKᵀ and the weighted sum of V: 4·s·h."""
-        return 4 * self.seq_len * self.hidden
+        """Forward FLOPs per token of one layer's attention core, QKᵀ and the weighted sum of V: 2·s·a·(d_qk + d_v),
+        4·s·h when the a heads of width d span h."""
+        return 2 * self.seq_len * self.heads * sum(self.head_dims)
 
     def model_flops(self) -> float:
         """Model FLOPs of one step: forward and backward (3 × forward) of every layer and the output layer, for
@@ -312,7 +352,7 @@ class Workload:
         (Dao 2023, FlashAttention-2, §3.1.2; MosaicML's llm-foundry ``scripts/train/benchmarking/README.md``
         counts differently: recomputation would make "the attention multiplier 5 instead of 4", one more
         forward, left out of its HFU). 0 for eager."""
-        return 0.5 * self.attention_flops if self.attention == "sdpa" else 0.0
+        return 0.5 * self.attention_flops if self.attention != "eager" else 0.0
 
     @property
     def recompute_flops(self) -> float:

@@ -1,0 +1,186 @@
+"""Published runs of today's layouts (issue #52): FP8, context parallelism, mixtures of experts with expert
+parallelism, HSDP, interleaved pipelines, on H100/H800, B200 and GB200, priced by the same
+:func:`~parlab.decide.planner.step.predict` (``tests/test_planner_field.py``, ``docs/planner.md``).
+
+The rows are data (:data:`~parlab.decide.planner.field_data.FIELD_RUNS`, each with its source); this module turns
+each into a workload, a layout and a cluster, and names the rows each fitted constant was fitted on
+(:data:`FITTED`): one per GPU generation and precision that :data:`~parlab.decide.planner.hardware.UTILIZATIONS`
+did not already hold. Every other row fitted nothing."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+
+from parlab.decide.planner.field_data import FIELD_RUNS
+from parlab.decide.planner.hardware import GPUS, Cluster, cluster_of
+from parlab.decide.planner.layout import Layout
+from parlab.decide.planner.step import Prediction, predict
+from parlab.decide.planner.workload import Workload
+
+#: How each framework's runs are priced: its ZeRO implementation (Megatron-Core's distributed optimizer, FSDP2)
+#: and whether its TP's collectives overlap the matrix products (Megatron's ``--tp-comm-overlap`` in NeMo's
+#: recipes; torchtitan's async TP where a row names it).
+FRAMEWORKS = {"megatron": dict(implementation="megatron", tp_overlap=True),
+              "torchtitan": dict(implementation="course", tp_overlap=False),
+              "meta": dict(implementation="megatron", tp_overlap=True),
+              "deepseek": dict(implementation="megatron", tp_overlap=False, ep_overlap=True)}
+
+
+@dataclass(frozen=True)
+class FieldRun:
+    """One published row of :data:`~parlab.decide.planner.field_data.FIELD_RUNS`, priced as its source ran it."""
+
+    row: dict
+
+    @property
+    def name(self) -> str:
+        return self.row["name"]
+
+    @property
+    def source(self) -> str:
+        return self.row["source"]
+
+    @property
+    def generation(self) -> str:
+        return self.cluster().gpu.generation
+
+    @property
+    def precision(self) -> str:
+        return self.row["precision"]
+
+    @property
+    def step_s(self) -> float:
+        """The published step: the global batch's tokens ÷ (tokens per second per GPU × GPUs)."""
+        r = self.row
+        return r["global_batch"] * r["seq_len"] / (r["tokens_per_s_per_gpu"] * r["gpus"])
+
+    @property
+    def layout(self) -> Layout:
+        r = self.row
+        zero = str(r.get("zero") or "ddp")
+        stage = 0 if zero == "ddp" else 3 if zero.startswith(("fsdp", "hsdp", "zero3")) else 1
+        shard = int(zero.split(":")[1]) if zero.startswith("hsdp:") else None
+        return Layout(dp=r["dp"], tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"], etp=r.get("etp") or 1,
+                      vp=r["vp"], zero_stage=stage, shard=shard,
+                      cp_kind="all_gather" if r.get("cp_kind") == "all_gather" else "ring")
+
+    def cluster(self, **changes) -> Cluster:
+        kind = self.row["gpu"]
+        per_node = 4 if kind == "gb200" else 8
+        if self.row["framework"] == "torchtitan":  # its hosts' H100s (FIELD_RUNS' notes)
+            changes = {"gpu": GPUS["h100_96"], **changes}
+        return cluster_of(kind, max(1, self.row["gpus"] // per_node), **changes)
+
+    def workload(self) -> Workload:
+        import transformers
+
+        r = self.row
+        model = dict(r["model"])
+        config = getattr(transformers, model.pop("class"))(**model)
+        recompute = str(r.get("recompute") or "none")
+        recompute = "full" if recompute.startswith("full") else recompute if recompute in ("selective", "none") \
+            else "selective"
+        return Workload(config, global_batch=r["global_batch"], seq_len=r["seq_len"], micro_batch=r["micro_batch"],
+                        precision=r["precision"], fp8_recipe=r.get("fp8_recipe") or "tensorwise",
+                        fp8_gather=bool(r.get("fp8_gather")), recompute=recompute,
+                        sequence_parallel=r["tp"] > 1,
+                        attention="cudnn" if r["framework"] in ("megatron", "meta") else "sdpa", capacity_factor=r.get("capacity_factor"),
+                        fused="eager" not in r["name"])
+
+    def options(self) -> dict:
+        options = dict(FRAMEWORKS[self.row["framework"]])
+        if "async tp on" in (self.name + " " + (self.row.get("notes") or "")).lower():  # torchtitan's async TP
+            options["tp_overlap"] = True
+        if self.row["tp"] == 1:
+            options["tp_overlap"] = False
+        return options
+
+    def predict(self, cluster: Cluster | None = None, **options) -> Prediction:
+        """The planner's prediction of this run on its hardware; ``options`` go to :func:`predict`."""
+        return predict(self.workload(), self.layout, cluster or self.cluster(), **{**self.options(), **options})
+
+
+#: The rows each new constant of :data:`~parlab.decide.planner.hardware.UTILIZATIONS` was fitted on, chosen by one
+#: rule before any other row was priced with it: in each (generation, precision) without a constant, the dense
+#: rows on the fewest GPUs at the shortest sequence. ``("h100", "fp8")``: 0.88 (:func:`fitted_share`: 0.881);
+#: ``("blackwell", "fp8")``: 0.58 (0.580). No dense bf16 row of a B200 or GB200 is published here, so
+#: ``("blackwell", "bf16")`` is the H100's share, assumed, and its four MoE rows are held out. Every row not
+#: named here fitted nothing.
+FITTED = {("h100", "fp8"): ("Llama 3 8B, 8 H100, FP8 current scaling, FSDP",
+                            "Llama 3.1 8B, 8 H100, FSDP, compiled, Float8"),
+          ("blackwell", "fp8"): ("Llama 3 8B, 8 GB200, FP8 current scaling", "Llama 3 8B, 8 GB200, MXFP8",
+                                 "Llama 3 8B, 8 B200, FP8 current scaling", "Llama 3 8B, 8 B200, MXFP8")}
+#: Published runs that ran but that the planner says do not fit, each with what it leaves out (``docs/planner.md``).
+DOES_NOT_FIT = {
+    "Llama 3 70B, 64 GB200, FP8 current scaling, FSDP":
+        "its recipe offloads 40 layers' activations to the Grace CPU (cpu_offloading_num_layers=40); offload is not priced",
+    "GPT-OSS 120B, 64 B200, BF16": "unexplained: the experts' model states alone are 105 GB of the 196 priced",
+    "GPT-OSS 120B, 64 H100, BF16": "unexplained: the planner prices 129 GB of 80",
+    "Llama 3.1 8B, 8 H100, FSDP, eager": "torchtitan's op-level selective checkpointing keeps less than Korthikanti's "
+                                         "selective recomputation, which the planner prices",
+    "Llama 3.1 8B, 8 H100, FSDP, compiled": "as the eager row: 99 GB of 96 priced",
+}
+
+
+def field_runs() -> tuple[FieldRun, ...]:
+    """The rows of :data:`~parlab.decide.planner.field_data.FIELD_RUNS` whose time can be priced: those that publish
+    tokens per second and name their micro-batch (Llama 3's Table 4 prints TFLOP/s with no FLOP count; DeepSeek-V3
+    names no micro-batch)."""
+    return tuple(FieldRun(row) for row in FIELD_RUNS if row["tokens_per_s_per_gpu"] and row["micro_batch"])
+
+
+def role(run: FieldRun) -> str:
+    """``"fitted"`` where the run is in :data:`FITTED`, else ``"held out"``."""
+    return "fitted" if run.name in FITTED.get((run.generation, run.precision), ()) else "held out"
+
+
+def baseline_shares() -> dict:
+    """The trivial model's constant per (generation, precision), fitted on the same rows as the planner's
+    (:data:`FITTED`); bf16 on the H100 and the Blackwells: the H100's MPT rows' (``baseline_utilization``)."""
+    from parlab.decide.planner.published import H100_CALIBRATION_RUNS, baseline_utilization
+
+    by_name = {run.name: run for run in field_runs()}
+    shares = {key: baseline_share([by_name[n] for n in names]) for key, names in FITTED.items()}
+    h100 = baseline_utilization(H100_CALIBRATION_RUNS)
+    return {**shares, ("h100", "bf16"): h100, ("blackwell", "bf16"): h100}
+
+
+def errors() -> list[dict]:
+    """Every priced row: its role, the planner's and the trivial model's error (predicted ÷ published − 1), and
+    whether the planner says it fits."""
+    shares, out = baseline_shares(), []
+    for run in field_runs():
+        p = run.predict()
+        out.append({"run": run, "role": role(run), "moe": bool(run.workload().experts), "planner": p.step_s / run.step_s - 1,
+                    "trivial": baseline_step(run, shares[run.generation, run.precision]) / run.step_s - 1,
+                    "fits": p.fits, "memory": p.memory.total, "prediction": p})
+    return out
+
+
+def fitted_share(runs, share: str) -> float:
+    """The ``share`` of peak (``"utilization"`` or ``"fp8_utilization"``) at which the median of ``runs``'
+    predicted ÷ published steps is 1 (bisection on the monotone median), the other share held."""
+    if len({run.generation for run in runs}) != 1:
+        raise ValueError("runs mix GPU generations; fit one constant per generation")
+    priced = [(run, run.workload()) for run in runs]
+
+    def median_ratio(u):
+        return statistics.median(predict(w, run.layout, run.cluster(**{share: u}), **run.options()).step_s / run.step_s
+                                 for run, w in priced)
+
+    low, high = 0.1, 1.0
+    for _ in range(30):
+        middle = (low + high) / 2
+        low, high = (middle, high) if median_ratio(middle) > 1 else (low, middle)
+    return (low + high) / 2
+
+
+def baseline_step(run, utilization: float) -> float:
+    """The trivial model: the FLOPs the run executes ÷ (GPUs × 16-bit peak × ``utilization``), fitted per
+    generation and precision on the same rows as the planner's constant."""
+    return run.workload().hardware_flops() / (run.layout.world_size * run.cluster().gpu.flops * utilization)
+
+
+def baseline_share(runs) -> float:
+    return statistics.median(baseline_step(run, 1.0) / run.step_s for run in runs)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from parlab.decide.planner.field_data import FIELD_RUNS, HARDWARE_FACTS, KEYS
+from parlab.decide.planner.field_data import FIELD_RUNS
+from parlab.decide.planner.field_hardware import HARDWARE_FACTS
+from parlab.decide.planner.field_models import KEYS
 
 GPUS = {"a100", "h100", "h800", "b200", "gb200"}
 RECIPES = {None, "delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"}

@@ -10,7 +10,7 @@ did not already hold. Every other row fitted nothing."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from parlab.decide.planner.field_data import FIELD_RUNS
 from parlab.decide.planner.hardware import GPUS, Cluster, cluster_of

@@ -2,10 +2,10 @@
 pipelines; H100, H800, B200 and GB200: no A100 row, the A100 runs being in ``published.py``), as plain data
 for checking the planner on runs it did not fit.
 
-Each row of :data:`FIELD_RUNS` is a plain ``dict`` with the same keys (:data:`KEYS`); nothing here imports the
+Each row of :data:`FIELD_RUNS` is a plain ``dict`` with the same keys (:data:`~parlab.decide.planner.field_models.KEYS`); nothing here imports the
 planner. ``model`` builds a ``transformers`` config: ``getattr(transformers, model["class"])(**kwargs)`` with the
 other keys. Every value was read in the row's ``source``; a value worked out from others says how in
-``derived``. :data:`HARDWARE_FACTS` holds figures for the GPUs these rows ran on: peaks, memory and links as
+``derived``. :data:`~parlab.decide.planner.field_hardware.HARDWARE_FACTS` holds figures for the GPUs these rows ran on: peaks, memory and links as
 NVIDIA states them (some through a secondary page, which its ``source`` names) and collectives as measured.
 
 Sources, in the order the rows come:
@@ -24,49 +24,9 @@ Sources, in the order the rows come:
 
 from __future__ import annotations
 
-KEYS = (
-    "name", "source", "framework", "gpu", "gpus", "model", "precision", "fp8_recipe", "fp8_gather",
-    "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "ep", "etp", "dp", "zero", "cp_kind",
-    "recompute", "capacity_factor", "tokens_per_s_per_gpu", "tflops_per_gpu", "flops_counting", "derived", "notes",
-)
 
-# -- model shapes -------------------------------------------------------------------------------------------
-# Megatron-Bridge's model providers at commit 97ad8cc6f (the commit that added the 25.11 table):
-# src/megatron/bridge/models/{llama/llama_provider.py, qwen/qwen_provider.py, gpt_oss/gpt_oss_provider.py,
-# deepseek/deepseek_provider.py}. Llama 3's vocabulary, 128,256, is the tokenizer's (its config.json
-# "vocab_size": 128256); the paper's own Table 3 gives layers, width, FFN width, heads, K/V heads.
-
-LLAMA3_8B = {"class": "LlamaConfig", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
-LLAMA3_70B = {"class": "LlamaConfig", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-              "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256}
-LLAMA31_405B = {"class": "LlamaConfig", "hidden_size": 16384, "intermediate_size": 53248,
-                "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8,
-                "vocab_size": 128256}
-# Qwen3MoEModelProvider: kv_channels 128, 128 experts, top-8, no shared expert, vocabulary 151,936.
-QWEN3_30B_A3B = {"class": "Qwen3MoeConfig", "hidden_size": 2048, "intermediate_size": 6144,
-                 "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
-                 "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
-                 "vocab_size": 151936}
-QWEN3_235B_A22B = {"class": "Qwen3MoeConfig", "hidden_size": 4096, "intermediate_size": 12288,
-                   "moe_intermediate_size": 1536, "num_hidden_layers": 94, "num_attention_heads": 64,
-                   "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
-                   "vocab_size": 151936}
-# GPTOSSProvider120B: 36 layers, width 2880, 64 heads of 64, 8 K/V groups, 128 experts of 2880, top-4,
-# vocabulary 201,088; every other layer sliding-window attention (window_attn_skip_freq 2).
-GPT_OSS_120B = {"class": "GptOssConfig", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
-                "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
-                "num_experts_per_tok": 4, "vocab_size": 201088}
-# DeepSeekV3ModelProvider: 61 layers (the first 3 dense, FFN 18432), width 7168, 128 MLA heads
-# (q_lora_rank 1536, kv_lora_rank 512, qk_head_dim 128, qk_pos_emb_head_dim 64, v_head_dim 128),
-# 256 routed experts of 2048 + 1 shared of 2048, top-8, vocabulary 129,280. num_mtp_layers: the
-# multi-token-prediction module, 1 in DeepSeek-V3; the 25.11 table says "w/o MTP" or "w/ MTP" per row.
-DEEPSEEK_V3 = {"class": "DeepseekV3Config", "hidden_size": 7168, "intermediate_size": 18432,
-               "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
-               "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
-               "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536, "kv_lora_rank": 512,
-               "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
-               "num_mtp_layers": 0}
+from parlab.decide.planner.field_models import (DEEPSEEK_V3, GPT_OSS_120B, LLAMA3_8B, LLAMA3_70B, LLAMA31_405B,
+                                                QWEN3_30B_A3B, QWEN3_235B_A22B)
 
 # -- NVIDIA Megatron-Bridge, NeMo 25.11 container ----------------------------------------------------------
 
@@ -421,98 +381,3 @@ _DSV3_ROW = {
 }
 
 FIELD_RUNS = _MB_ROWS + _TT_ROWS + _L3_ROWS + (_DSV3_ROW,)
-
-# -- hardware ------------------------------------------------------------------------------------------------
-
-TT_PEAK = ("github.com/pytorch/torchtitan torchtitan/tools/utils.py get_peak_flops (commit b5bcd76), quoting NVIDIA: ")
-KLOCKWOOD = ("glennklockwood.com/garden/processors/B200 (tables of NVIDIA's Blackwell architecture technical brief): ")
-MLPERF_B200 = ("MLCommons inference_results_v6.0, closed/Nebius/systems/nebius_b200_n1.json (a DGX/HGX B200 node as "
-               "its submitter describes it): ")
-
-HARDWARE_FACTS = (
-    # -- compute
-    {"what": "B200 (HGX/DGX, 1000 W) dense BF16 tensor peak", "value": 2250, "unit": "TFLOP/s per GPU",
-     "source": TT_PEAK + "'B300' or 'B200': 'data from https://nvdam.widen.net/s/wwnsxrhm2w/blackwell-datasheet-"
-               "3384703' -> 2.25e15; also " + KLOCKWOOD + "'The HGX variant of B200 ... at 1,000 W: BF16 2250 | 4500'"},
-    {"what": "GB200 (1200 W) dense BF16 tensor peak", "value": 2500, "unit": "TFLOP/s per GPU",
-     "source": TT_PEAK + "'GB200': 'BF16 dense per GPU: 2,500 TFLOPS (half of 5,000 TFLOPS with sparsity) GB200 data "
-               "from https://www.nvidia.com/en-us/data-center/dgx-gb200' -> 2.5e15; also " + KLOCKWOOD +
-               "'the GB200 variant of B200 when configured to 1,200 W: BF16 2500 | 5000'"},
-    {"what": "B200 (HGX/DGX, 1000 W) dense FP8 tensor peak", "value": 4500, "unit": "TFLOP/s per GPU",
-     "source": KLOCKWOOD + "HGX B200 at 1,000 W: 'FP8 | 4500 | 9000' (dense | sparse); secondary: NVIDIA's own page "
-               "was not in the stored corpora"},
-    {"what": "GB200 (1200 W) dense FP8 tensor peak", "value": 5000, "unit": "TFLOP/s per GPU",
-     "source": KLOCKWOOD + "GB200 at 1,200 W: 'FP8 | 5000 | 10000' (dense | sparse); secondary as above"},
-    # -- memory
-    {"what": "B200 HBM3e capacity (DGX/HGX B200)", "value": 180, "unit": "GB per GPU",
-     "source": MLPERF_B200 + "'accelerator_model_name': 'NVIDIA B200-SXM-180GB', 'accelerator_memory_capacity': "
-               "'180 GB'; DGX B200: 'Eight NVIDIA Blackwell GPUs with 1,440 GB total HBM3e memory and 64 TB/s HBM3e "
-               "bandwidth' (brent-newsom-nvidia.github.io/AIPS-Boom/wiki/NVIDIA-DGX-B200, from nvidia.com/en-us/"
-               "data-center/dgx-b200)"},
-    {"what": "B200 HBM3e bandwidth (DGX B200: 64 TB/s over 8 GPUs)", "value": 8, "unit": "TB/s per GPU",
-     "source": "DGX B200 '1,440 GB total HBM3e memory and 64 TB/s HBM3e bandwidth' (AIPS-Boom wiki, from "
-               "nvidia.com/en-us/data-center/dgx-b200), divided by 8 GPUs"},
-    {"what": "GB200 HBM3e capacity as a GB200 NVL72 node reports it", "value": 186, "unit": "GB per GPU",
-     "source": "MLCommons inference_results_v6.1, closed/Crusoe/systems/GB200-NVL72_GB200-186GB_aarch64x16_Dynamo.json: "
-               "'accelerator_memory_capacity': '186 GB', 'accelerator_model_name': 'NVIDIA GB200'"},
-    # -- NVLink 5
-    {"what": "NVLink 5 links per GPU (GB200)", "value": 18, "unit": "links",
-     "source": "docs.nvidia.com/health-validation/reference/checks/nvlink, nvlink_bandwidth_count_speed: "
-               "'expected_link_count 18 ... GB200 exposes 18 NVLink 5 links'"},
-    {"what": "NVLink 5 per-link speed (GB200; H100's NVLink 4 for comparison: 26562)", "value": 53125,
-     "unit": "MB/s per link",
-     "source": "docs.nvidia.com/health-validation/reference/checks/nvlink: 'expected_speed_mbytes_per_sec GB200: "
-               "53125, GB300: 53125, H100: 26562'"},
-    {"what": "NVLink 5 bandwidth per GPU, both directions together (900 GB/s each way)", "value": 1800,
-     "unit": "GB/s per GPU",
-     "source": MLPERF_B200 + "'accelerator_interconnect': '18x 5th Gen NVLink, 14.4 TB/s aggregated bandwidth' for 8 "
-               "GPUs; Azure/AI-benchmarking-guide issue #7: 'Each GPU has 900GB/s unidirectional bw to nvswitch'"},
-    {"what": "NCCL's modelled NVLink bandwidth per link, Blackwell (SM100); Hopper (SM90) is 20.6", "value": 40.1,
-     "unit": "GB/s per link per direction",
-     "source": "NVIDIA/nccl src/graph/topo.h: '#define SM90_NVLINK_BW 20.6', '#define SM100_NVLINK_BW 40.1'; NVIDIA/"
-               "nccl issue #1807 (B200, NCCL 2.27): 'in nccl log, the maxBw is 720' (18 x 40.1 = 721.8)"},
-    {"what": "NVLink domain of a GB200 NVL72 rack", "value": 72, "unit": "GPUs (36 Grace CPUs, 130 TB/s NVLink "
-                                                                         "Switch System)",
-     "source": "datacrunch.io/blog/nvidia-gb200-nvl72-for-ai-training-and-inference: 'a customized datacenter rack "
-               "containing 36 Grace CPUs and 72 Blackwell GPUs connected by a 130 TB/s NVLink Switch System' "
-               "(130 TB/s / 72 = 1.8 TB/s per GPU); NVIDIA Mission Control docs (nvlinkinfo): NVLink 5 supports "
-               "'up to 576 GPUs in a single NVLink domain'"},
-    # -- measured collectives
-    {"what": "measured all-reduce bus bandwidth, 72 GPUs of one GB200 NVL72 rack, 8 GiB", "value": 834.57,
-     "unit": "GB/s busbw (out-of-place; 846.82 in-place; 4 GiB: 839.16)",
-     "source": "coreweave/nccl-tests pull request #43 'Add a GB200 NVL72 example': '8589934592 2147483648 float sum -1 "
-               "20299 423.16 834.57 0 20006 429.37 846.82 0' (all_reduce_perf, full rack)"},
-    {"what": "measured all-reduce bus bandwidth, 8 B200 in one node", "value": 830,
-     "unit": "GB/s busbw ('830+')",
-     "source": "NVIDIA/nccl issue #1807: 'should the all_reduce_perf performance of 8 B200s in a single machine reach "
-               "900+? Ours is 830+.' (NCCL 2.27.1)"},
-    {"what": "measured GPU-to-GPU copy bandwidth on GB200 (nvbandwidth p2p)", "value": 770, "unit": "GB/s",
-     "source": "Azure/AI-benchmarking-guide issue #7, comment 2025-04-16: 'btw, nvbandwidth's p2p is about 770GB/s'"},
-    {"what": "H100 NVLink 4 as NCCL reaches it (line rate 450 GB/s each way; NVLS all-reduce peak busbw ~480)",
-     "value": 370, "unit": "GB/s effective per GPU per direction",
-     "source": "NVIDIA/nccl-tests issue #212, sjeaugey: '450GB/s is the line rate. With the protocol overhead (~20%) "
-               "NCCL can get an effective NVLink bandwidth of 370GB/s ... On 8 GPUs, you should reach a peak busBw of "
-               "~480GB/s'"},
-    {"what": "measured all-reduce bus bandwidth, 8 H800 in one node", "value": 215, "unit": "GB/s busbw",
-     "source": "NVIDIA/nccl issue #1374 (user report): 'I have also conducted a test on H800 * 8 node, and the reported "
-               "allreduce budBW is 215 GB/s, which is bigger than unidirectional peak BW 200GB/s'"},
-    # -- networks
-    {"what": "DGX/HGX B200 scale-out network", "value": 400, "unit": "Gb/s per GPU (8 x ConnectX-7 NDR per node)",
-     "source": MLPERF_B200 + "'host_networking': '8x ConnectX-7 IB NDR 400Gb/s + 200Gb/s Ethernet NIC'; NVIDIA/"
-               "nccl-tests issue #389: '8xB200 compute nodes ... equipped with ConnectX-7 NDR 400 Gb/s InfiniBand'"},
-    {"what": "GB200 NVL72 compute tray NICs (one deployment)", "value": 4,
-     "unit": "ConnectX-7-class NICs per 4-GPU tray (BlueField-3)",
-     "source": "MLCommons inference_results_v6.1, Crusoe GB200-NVL72 system JSON: 'host_network_card_count': 'for each "
-               "4-GPU node: 4x Mellanox MT43244 BlueField-3 [ConnectX-7 Lx]'"},
-    # -- H800 and the runs' own clusters
-    {"what": "H800 NVLink bandwidth as DeepSeek's cluster reaches it", "value": 160, "unit": "GB/s per GPU",
-     "source": "DeepSeek-V3 report, arXiv:2412.19437, §3.2.2: 'NVLink offers a bandwidth of 160 GB/s, roughly "
-               "3.2 times that of IB (50 GB/s)'"},
-    {"what": "H800 cluster InfiniBand bandwidth (DeepSeek-V3)", "value": 50, "unit": "GB/s per GPU",
-     "source": "DeepSeek-V3 report, arXiv:2412.19437, §3.2.2 (as above)"},
-    {"what": "Grand Teton H100 (torchtitan benchmarks) HBM", "value": 96, "unit": "GB HBM2e, 2.4 TB/s, 500 W",
-     "source": f"{TT_URL}, Hardware: 'Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory "
-               "bandwidth'; 'We used the default 500W power limit'"},
-    {"what": "Grand Teton H100 (torchtitan benchmarks) network", "value": 400, "unit": "Gb/s RDMA per GPU",
-     "source": f"{TT_URL}, Hardware: 'Hosts are inter-connected with backend RDMA network with 400 Gb/s per GPU.'"},
-)

@@ -4,9 +4,13 @@ shard groups, where each axis's groups lie among the ranks, and a model's layers
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from parlab.lab.checks import positive_int
 from parlab.lab.topology import Topology
+
+if TYPE_CHECKING:
+    from parlab.decide.planner.workload import Workload
 
 #: How context parallelism exchanges keys and values (:class:`Layout`'s ``cp_kind``): ``"ring"`` (ring
 #: attention: cp − 1 K/V blocks passed around, each hidden behind the attention of the one before; torchtitan's and

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from parlab.lab.checks import positive_int
 from parlab.lab.measure.memory import MemoryEstimate
 from parlab.decide.planner import memory as _memory
 from parlab.decide.planner.data_parallel import STRATEGIES, bucket_count, predict_dp_step

@@ -3,12 +3,11 @@ pipeline stage."""
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 from dataclasses import dataclass, field
 
 from parlab.lab.checks import positive_int
+from parlab.decide.planner.counting import experts_of, layer_bytes_of, layer_tensors_of, root_params
 
 #: What a :class:`Workload`'s attention keeps for backward (the estimator's ``attention``, chapter 01).
 ATTENTIONS = ("sdpa", "eager", "cudnn")
@@ -29,29 +28,6 @@ PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 FP8_RECIPES = {"tensorwise": 3, "delayed": 1, "rowwise": 1, "blockwise": 1, "mxfp8": 1}
 #: The dtypes a run may keep and reduce its gradients in (:meth:`Workload.grad_bytes`), bytes each.
 GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-def root_params(config) -> int:
-    """The parameters outside a transformers model's stack of layers (its largest ``nn.ModuleList``): the
-    embeddings, the final norm and an untied output layer, which ZeRO-3 gathers as one root unit (chapter 04).
-    Counted on the meta device, as :func:`parlab.lab.measure.count_params` counts Ψ."""
-    from parlab.lab.measure.activations import config_json
-
-    return _root_params(config_json(config))
-
-
-@functools.lru_cache(maxsize=256)  # the planner asks again for the same config at every prediction
-def _root_params(config_json: str) -> int:
-    from torch import nn
-
-    from parlab.lab.measure.activations import meta_model
-
-    model = meta_model(config_json)
-    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    if not stacks:
-        raise ValueError(f"config of {model.config.model_type!r} builds a model with no list of layers")
-    layers = {id(p) for p in max(stacks, key=lambda m: sum(p.numel() for p in m.parameters())).parameters()}
-    return sum(p.numel() for p in model.parameters() if id(p) not in layers)
 
 
 @dataclass(frozen=True)
@@ -151,7 +127,7 @@ class Workload:
         run for every token and count as dense weights."""
         from parlab.lab.measure.activations import config_json
 
-        return _experts(config_json(self.config))
+        return experts_of(config_json(self.config))
 
     @property
     def expert_params(self) -> int:
@@ -297,7 +273,7 @@ class Workload:
         Under ``sequence_parallel`` that work is split over the tp ranks too, as its activations are."""
         from parlab.lab.measure.activations import config_json
 
-        return _layer_bytes(config_json(self.dense), self.kept_attention, self.seq_len, self.micro_batch,
+        return layer_bytes_of(config_json(self.dense), self.kept_attention, self.seq_len, self.micro_batch,
                             self.value_bytes, tp, self.sequence_parallel and tp > 1)
 
     @property
@@ -306,7 +282,7 @@ class Workload:
         tensor calls per layer, and what its prefetch buffer must hold."""
         from parlab.lab.measure.activations import config_json
 
-        return _layer_tensors(config_json(self.config))
+        return layer_tensors_of(config_json(self.config))
 
     @property
     def kept_attention(self) -> str:
@@ -365,46 +341,3 @@ class Workload:
         time is Table 4's: 7 % of a 22B layer's forward and backward, 4 % with SP (the softmax and dropout
         it reruns are memory-bound, not FLOPs)."""
         return {"full": self.layer_flops, "selective": self.attention_flops, "none": 0.0}[self.recompute]
-
-
-#: The config fields a mixture of experts names its routed experts by, and its top-k by.
-EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
-
-
-@functools.lru_cache(maxsize=64)
-def _experts(config_json: str) -> tuple[int, int, int] | None:
-    from parlab.lab.measure.activations import meta_model
-
-    model = meta_model(config_json)
-    config = model.config
-    num = next((getattr(config, f) for f in EXPERT_FIELDS if getattr(config, f, None)), None)
-    if not num or num <= 1:
-        return None
-    routed = sum(p.numel() for name, p in model.named_parameters()
-                 if ".experts." in name and "shared" not in name)
-    return num, config.num_experts_per_tok, routed
-
-
-@functools.cache
-def _layer_tensors(config_json: str) -> tuple[int, int]:
-    from torch import nn
-
-    from parlab.lab.measure.activations import meta_model
-
-    stacks = [m for m in meta_model(config_json).modules() if isinstance(m, nn.ModuleList)]
-    layer = max(stacks, key=lambda m: sum(p.numel() for p in m.parameters()))[0]
-    sizes = [p.numel() for p in layer.parameters()]
-    return len(sizes), max(sizes)
-
-
-@functools.cache
-def _layer_bytes(config_json: str, attention, seq_len: int, micro_batch: int, value_bytes: int, tp: int,
-                 sequence_parallel: bool = False) -> float:
-    from transformers import AutoConfig
-
-    from parlab.lab.measure.activations import layer_terms
-    from parlab.lab.measure.memory import architecture
-
-    config = AutoConfig.for_model(**json.loads(config_json))
-    arch = architecture(config, attention=attention)
-    return sum(t.per_rank(tp, sequence_parallel) for t in layer_terms(arch, seq_len, micro_batch, value_bytes, "cuda"))

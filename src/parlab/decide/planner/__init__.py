@@ -48,11 +48,23 @@ recomputation) and HFU (what executes) are reported. The runs it is checked agai
 :data:`OUT_OF_SAMPLE_RUNS` chose nothing at all; :data:`H100_OUT_OF_SAMPLE_RUNS` chose nothing in time (their memory miss chose
 MPT's GELU, which moved the H100 constant).
 
+**Today's layouts** (``docs/planner.md``, "Today's layouts"): the layout carries every axis (:class:`Layout`:
+dp, tp, pp, cp, ep with etp, vp, HSDP's ``shard``), the workload its precision (``"fp8"`` and its
+:data:`FP8_RECIPES`) and its experts (read from a transformers MoE config), the GPU its rates per precision
+(:data:`GPUS`: A100, H100, H800, B200, GB200; :data:`UTILIZATIONS`, one fitted share per generation and
+precision), the cluster its NVLink domain. FP8's casts, context parallelism's K/V exchange and a MoE's
+all-to-alls are priced in :mod:`~parlab.decide.planner.terms`; :mod:`~parlab.decide.planner.field` prices 40
+published runs of these layouts (:data:`~parlab.decide.planner.field.FITTED` names the rows each new constant
+was fitted on; every other row fitted nothing).
+
 **The package, by idea:** :mod:`~parlab.decide.planner.hardware` (links, collectives, GPUs, clusters),
-:mod:`~parlab.decide.planner.workload` (a model, its batch, a layout), :mod:`~parlab.decide.planner.data_parallel` (what
+:mod:`~parlab.decide.planner.workload` (a model, its batch and precision), :mod:`~parlab.decide.planner.layout` (a
+layout's axes and where their groups lie), :mod:`~parlab.decide.planner.counting` (a config counted on the meta
+device), :mod:`~parlab.decide.planner.data_parallel` (what
 each ZeRO stage sends and hides), :mod:`~parlab.decide.planner.step` (a layout's step, part by part),
 :mod:`~parlab.decide.planner.memory` (memory per rank), :mod:`~parlab.decide.planner.search` (every layout of a cluster)
-and :mod:`~parlab.decide.planner.published` (the runs it is checked against). Every name is imported here:
+and :mod:`~parlab.decide.planner.published` and :mod:`~parlab.decide.planner.field` (the runs it is checked
+against, :mod:`~parlab.decide.planner.field_data` the latter's rows). Every name but :mod:`field`'s is imported here:
 ``from parlab.decide.planner import predict``.
 """
 

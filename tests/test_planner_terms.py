@@ -170,3 +170,124 @@ def test_hsdp_bytes_on_each_dim_are_what_fsdp2_sends_and_the_replicas_all_reduce
     slow, fast = (replace(cluster, inter=planner.Link("test", 5e-6, bw, "test")) for bw in (1e9, 2e9))
     steps = [planner.predict(w, layout, c, implementation="course", without=("latency",)).step_s for c in (slow, fast)]
     torch.testing.assert_close(steps[0] - steps[1], replicate * (1 / 1e9 - 1 / 2e9), rtol=1e-9, atol=0)
+
+
+# -- what each term adds, against its formula by hand ---------------------------------------------------------
+
+def _layer_params(h, f, heads, kv_heads):
+    """One Llama layer's weights: q and o (h × h), k and v (h × kv_heads · head_dim), the MLP's three h × f,
+    two norms."""
+    kv = kv_heads * h // heads
+    return 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+
+
+@pytest.mark.parametrize("recipe, gather", [("tensorwise", False), ("delayed", False), ("tensorwise", True)])
+def test_fp8_casts_add_what_their_bytes_take_at_memory_bandwidth(recipe, gather):
+    seq, m, h, f, layers = 512, 2, 4096, 11008, 2
+    w = planner.Workload(_big_llama(), global_batch=m, seq_len=seq, precision="fp8", fp8_recipe=recipe,
+                         fp8_gather=gather)
+    cluster = planner.Cluster(gpu=planner.H100, gpus_per_node=1)
+    added = (planner.predict(w, planner.Layout(), cluster).step_s
+             - planner.predict(w, planner.Layout(), cluster, without=("fp8_scaling",)).step_s)
+    per_value = {"tensorwise": 2 + 2 + 1, "delayed": 2 + 1}[recipe]  # amax read, then read and write; or no amax
+    activations = layers * seq * (9 * h + 4 * f) * per_value  # each linear layer's inputs and output gradients
+    weights = 0 if gather else 2 * layers * _layer_params(h, f, 32, 8) * per_value  # forward, and transposed
+    torch.testing.assert_close(added, m * (activations + weights) / 3.35e12, rtol=1e-9, atol=0)
+    assert added > 0
+
+
+def test_fp8_runs_the_linear_layers_at_the_fp8_rate_and_the_rest_at_16_bits():
+    seq, m, h, f, layers = 512, 2, 4096, 11008, 2
+    cluster = planner.Cluster(gpu=planner.H100, gpus_per_node=1)
+    compute = {p: planner.predict(planner.Workload(_big_llama(), global_batch=m, seq_len=seq, precision=p,
+                                                   attention="eager"),
+                                  planner.Layout(), cluster, without=("fp8_scaling",)).parts["compute"]
+               for p in ("bf16", "fp8")}
+    linear = 2 * _layer_params(h, f, 32, 8) * layers * seq  # FLOPs of the linear layers, one forward
+    r16, r8 = 989e12 * 0.66, 1979e12 * 0.45
+    saved = m * 3 * linear * (1 / r16 - 1 / r8)  # forward and twice it backward, the attention core unchanged
+    torch.testing.assert_close(compute["bf16"] - compute["fp8"], saved, rtol=1e-9, atol=0)
+
+
+CP_SEQ = 2048  # attention (∝ s²) of a half-sequence vs one K/V block (∝ s): hidden on NVLink, not over InfiniBand
+
+
+@pytest.mark.parametrize("kind", ["ring", "all_gather"])
+def test_cp_adds_its_exposed_exchange_over_a_slow_link_and_less_over_nvlink(kind):
+    w = planner.Workload(_big_llama(), global_batch=1, seq_len=CP_SEQ, attention="eager")
+    layout = planner.Layout(cp=2, cp_kind=kind)
+    nvlink = planner.Cluster(gpus_per_node=2, overlap=False)  # A100s; collectives taking turns: additive
+    infiniband = planner.Cluster(gpus_per_node=1, nodes=2, overlap=False)  # the ring crosses nodes
+    block = 2 * (CP_SEQ // 2) * 8 * 128 * 2  # K and V of one layer's half-sequence, bf16: 4 MiB
+    attention = 4 * CP_SEQ * 4096 * (CP_SEQ // 2) / (312e12 * 0.61)  # QKᵀ and ·V of a rank's queries, forward
+    added = {}
+    for name, cluster, alpha, bandwidth in (("nvlink", nvlink, 2e-6, 230e9), ("ib", infiniband, 5e-6, 25e9)):
+        send = alpha + block / bandwidth
+        if kind == "ring":  # one block per step beside a block's attention; backward: the block and its gradient
+            forward, backward = max(0.0, send - attention / 2), max(0.0, 2 * send - 2 * attention / 2)
+        else:  # gather the other's block before attention, reduce-scatter the gradients after: all exposed
+            forward = backward = send
+        p = planner.predict(w, layout, cluster)
+        added[name] = p.step_s - planner.predict(w, layout, cluster, without=("cp",)).step_s
+        torch.testing.assert_close(p.parts["cp"], 2 * (forward + backward), rtol=1e-9, atol=0)  # 2 layers
+        torch.testing.assert_close(added[name], p.parts["cp"], rtol=1e-9, atol=1e-12)
+    assert added["ib"] > 1e-4 and added["ib"] > added["nvlink"]
+    assert (added["nvlink"] == 0) == (kind == "ring")  # the ring hides behind attention on NVLink
+
+
+def test_cp_splits_the_computation_and_the_activations():
+    w = planner.Workload(_llama(), global_batch=2, seq_len=64)
+    one = planner.predict(w, planner.Layout(), planner.Cluster(gpus_per_node=1))
+    two = planner.predict(w, planner.Layout(cp=2), planner.Cluster(gpus_per_node=2))
+    torch.testing.assert_close(two.parts["compute"], one.parts["compute"] / 2, rtol=1e-12, atol=0)
+    assert two.memory.activations == math.ceil(one.memory.activations / 2)
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_ep_adds_its_all_to_alls_inside_a_node_or_across_two(across):
+    seq, cf, layers, h = 1024, 1.25, MOE_LAYERS, MOE_H
+    w = planner.Workload(_mixtral(), global_batch=16, seq_len=seq, capacity_factor=cf)
+    cluster = planner.cluster_of("h100", **(dict(gpus_per_node=4, nodes=2) if across else {}), overlap=False)
+    layout = planner.Layout(dp=8, ep=8)  # two micro-batches per replica
+    p = planner.predict(w, layout, cluster)
+    added = p.step_s - planner.predict(w, layout, cluster, without=("ep",)).step_s
+    routed = seq * 2 * cf * h * 2  # each rank's tokens × top-2 × capacity factor × h, bf16
+    if across:  # 3 of the 7 other ranks in the node over NVLink 4, 4 in the other over its NDR adapter, at once
+        a2a = 7 * 5e-6 + max(3 / 8 * routed / 370e9, 4 / 8 * routed / 50e9)
+    else:
+        a2a = 7 * 2e-6 + 7 / 8 * routed / 370e9
+    permute = 4 * routed / 3.35e12  # sort by expert and back, read and written
+    expected = 2 * layers * 2 * (2 * a2a + permute)  # micro-batches × layers × (forward, backward) × …
+    torch.testing.assert_close(p.parts["ep"], expected, rtol=1e-9, atol=0)
+    torch.testing.assert_close(added, expected, rtol=1e-9, atol=0)
+
+
+def test_ep_all_to_alls_across_nodes_cost_more_than_inside():
+    w = planner.Workload(_mixtral(), global_batch=16, seq_len=1024, capacity_factor=1.25)
+    inside = planner.predict(w, planner.Layout(dp=8, ep=8), planner.cluster_of("h100"))
+    across = planner.predict(w, planner.Layout(dp=8, ep=8), planner.cluster_of("h100", gpus_per_node=4, nodes=2))
+    assert across.parts["ep"] > 2 * inside.parts["ep"]  # half the shares over 50 GB/s, not 7/8 over 370
+
+
+# -- memory: the experts over ep × etp, sharded over edp --------------------------------------------------------
+
+@pytest.mark.parametrize("axes, edp", [(dict(dp=8, ep=4), 2), (dict(dp=4, tp=2, ep=4, etp=2), 1),
+                                       (dict(dp=8, ep=2, shard=4), 2)])
+def test_experts_memory_is_split_over_ep_and_sharded_over_edp(axes, edp):
+    w = planner.Workload(_mixtral(), global_batch=8, seq_len=64)
+    layout = planner.Layout(zero_stage=3, **axes)
+    p = planner.predict(w, layout, planner.Cluster(gpus_per_node=8), implementation="course")
+    experts = w.expert_params
+    dense = w.num_params - experts
+    tp, ep, etp = layout.tp, layout.ep, layout.etp
+    shard = layout.shard or layout.dp  # ZeRO-3 over the shard group (HSDP) or every dp rank
+    expected = 2 * (dense / tp / shard + experts / (ep * etp) / edp)  # bf16 weights, each share sharded
+    torch.testing.assert_close(float(p.memory.params), expected, rtol=1e-6, atol=4)
+    assert len(layout.group("edp")) == (edp * layout.replicas if layout.shard else edp)
+
+
+def test_a_kind_of_node_with_fewer_gpus_has_a_domain_of_its_own_size():
+    """``cluster_of(kind, gpus_per_node=...)``: the NVLink domain follows the node unless the kind names one."""
+    assert planner.cluster_of("h100", gpus_per_node=4, nodes=2).domain == 4
+    assert planner.cluster_of("gb200", nodes=18).domain == 72
+    assert planner.cluster_of("gb200", nodes=18, gpus_per_node=2).domain == 72

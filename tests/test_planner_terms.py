@@ -291,3 +291,83 @@ def test_a_kind_of_node_with_fewer_gpus_has_a_domain_of_its_own_size():
     assert planner.cluster_of("h100", gpus_per_node=4, nodes=2).domain == 4
     assert planner.cluster_of("gb200", nodes=18).domain == 72
     assert planner.cluster_of("gb200", nodes=18, gpus_per_node=2).domain == 72
+
+
+# -- bad input named --------------------------------------------------------------------------------------------
+
+def _dense(**changes):
+    return planner.Workload(_llama(), **{**dict(global_batch=4, seq_len=SEQ), **changes})
+
+
+def _moe(**changes):
+    return planner.Workload(_mixtral(), **{**dict(global_batch=8, seq_len=64), **changes})
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: planner.Layout(dp=4, ep=3), "ep × etp = 3 must divide tp × cp × dp = 4"),
+    (lambda: planner.predict(_moe(global_batch=6), planner.Layout(dp=6, ep=6), planner.Cluster(gpus_per_node=6)),
+     "ep=6 does not divide the model's 8 routed experts"),
+    (lambda: planner.Layout(dp=2, tp=2, etp=4), "etp=4: expert tensor parallelism is 1 (each expert whole) or tp=2"),
+    (lambda: planner.Layout(dp=4, shard=3, zero_stage=3), "shard=3: HSDP shards a ZeRO stage (zero_stage=3) over "
+                                                          "groups of shard dp ranks, so shard must divide dp=4"),
+    (lambda: planner.Layout(dp=4, shard=2), "shard=2: HSDP shards a ZeRO stage (zero_stage=0)"),
+    (lambda: planner.Layout(cp=2, cp_kind="ulysses"), "cp_kind='ulysses'; choose one of 'ring', 'all_gather'"),
+    (lambda: planner.Layout(ep=0), "ep"),
+    (lambda: planner.predict(_dense(), planner.Layout(dp=2, ep=2), planner.Cluster(gpus_per_node=2)),
+     "ep=2: this model has no experts to split (a dense config); use ep=1"),
+    (lambda: planner.predict(_dense(precision="fp8"), planner.Layout(), planner.Cluster(gpus_per_node=1)),
+     "precision='fp8' on the A100 SXM4 80 GB: it has no FP8 tensor cores"),
+    (lambda: _dense(precision="fp8", fp8_recipe="perchannel"), "fp8_recipe='perchannel'; choose one of 'tensorwise'"),
+    (lambda: _moe(capacity_factor=0.5), "capacity_factor=0.5: at least 1"),
+    (lambda: _dense(capacity_factor=1.25), "capacity_factor=1.25: at least 1, and only for a mixture of experts "
+                                          "(this config has none)"),
+    (lambda: planner.predict(_dense(seq_len=6), planner.Layout(cp=2), planner.Cluster(gpus_per_node=2)),
+     "cp=2: seq_len=6 must split into 2 × cp chunks"),
+    (lambda: planner.cluster_of("h100", domain=0), "domain"),
+])
+def test_bad_input_to_the_new_axes_is_named(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
+
+
+# -- candidates searches the new axes -----------------------------------------------------------------------------
+
+def test_candidates_try_expert_parallelism_with_and_without_expert_tp():
+    layouts = [p.layout for p in planner.candidates(_moe(), planner.Cluster(gpus_per_node=8), zero_stages=(1,))]
+    assert {lay.ep for lay in layouts} == {1, 2, 4, 8}
+    assert all(lay.etp in (1, lay.tp) for lay in layouts)
+    assert any(lay.etp == lay.tp > 1 and lay.ep > 1 for lay in layouts)
+
+
+@pytest.mark.parametrize("seq_len, cps", [(64, {1, 2}), (6, {1})])
+def test_candidates_try_cp_where_the_sequence_splits_into_2_cp_chunks(seq_len, cps):
+    found = planner.candidates(_dense(seq_len=seq_len), planner.Cluster(gpus_per_node=4), zero_stages=(1,), cp=(1, 2))
+    assert {p.layout.cp for p in found} == cps
+
+
+def test_candidates_try_hsdp_with_one_nvlink_domain_per_shard_group():
+    cluster = planner.Cluster(gpus_per_node=4, nodes=2)
+    found = [p.layout for p in planner.candidates(_dense(global_batch=8), cluster, zero_stages=(3,), hsdp=True)]
+    hsdp = [lay for lay in found if lay.shard]
+    assert hsdp and all(lay.shard * lay.cp * lay.tp == cluster.domain for lay in hsdp)
+    for lay in hsdp:  # the shard group inside a node, the replicas across
+        assert cluster.span_link(lay.group("shard")) == cluster.intra
+        assert cluster.span_link(lay.group("replicate")) != cluster.intra
+
+
+def test_an_nvl72_rack_keeps_tp_and_ep_beyond_8_on_nvlink_and_8_gpu_nodes_do_not():
+    wide = _mixtral(num_attention_heads=24, num_key_value_heads=24, hidden_size=384, intermediate_size=64,
+                    num_hidden_layers=2, num_local_experts=48)
+    w = planner.Workload(wide, global_batch=72, seq_len=64)
+    rack = planner.cluster_of("gb200", nodes=18)  # 18 trays of 4: one 72-GPU domain
+    found = [p.layout for p in planner.candidates(w, rack, zero_stages=(1,), ep=(24,))]
+    assert any(lay.tp == 12 for lay in found) and any(lay.ep == 24 for lay in found)
+    assert rack.link(planner.Layout(dp=6, tp=12).topology, "tp") == rack.intra  # 12 GPUs over 3 trays
+    group = planner.Layout(dp=72, ep=24).group("ep")
+    assert rack.all_to_all_seconds(group, 1e8) == pytest.approx(23 * 2e-6 + 23 / 24 * 1e8 / 740e9)
+    nodes = planner.cluster_of("b200", nodes=2)  # 8-GPU nodes: an ep group of 16 crosses InfiniBand
+    w16 = planner.Workload(wide, global_batch=16, seq_len=64)
+    found = [p for p in planner.candidates(w16, nodes, zero_stages=(1,), ep=(16,)) if p.layout.ep == 16]
+    assert found
+    group = found[0].layout.group("ep")
+    assert nodes.all_to_all_seconds(group, 1e8) == pytest.approx(15 * 5e-6 + 8 / 16 * 1e8 / 50e9)

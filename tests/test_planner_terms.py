@@ -196,6 +196,17 @@ def test_fp8_casts_add_what_their_bytes_take_at_memory_bandwidth(recipe, gather)
     assert added > 0
 
 
+def test_fp8_casts_are_a_third_forward_and_two_thirds_backward():
+    """Under DDP whose all-reduce outlasts the last backward, the step is forward + backward − its last pass +
+    the all-reduce: the casts add a third of each pass forward, two thirds of every backward pass but the last."""
+    seq, m, h, f, layers = 512, 2, 4096, 11008, 2
+    w = planner.Workload(_big_llama(), global_batch=2 * m, seq_len=seq, precision="fp8", fp8_recipe="delayed")
+    cluster = planner.Cluster(gpu=planner.H100, gpus_per_node=1, nodes=2)  # 2.7 GB of gradients over HDR
+    added = (planner.predict(w, planner.Layout(dp=2), cluster).step_s
+             - planner.predict(w, planner.Layout(dp=2), cluster, without=("fp8_scaling",)).step_s)
+    casts = (layers * seq * (9 * h + 4 * f) + 2 * layers * _layer_params(h, f, 32, 8)) * 3 / 3.35e12  # per pass
+    torch.testing.assert_close(added, m * casts / 3 + (m - 1) * 2 * casts / 3, rtol=1e-9, atol=0)
+
 def test_fp8_runs_the_linear_layers_at_the_fp8_rate_and_the_rest_at_16_bits():
     seq, m, h, f, layers = 512, 2, 4096, 11008, 2
     cluster = planner.Cluster(gpu=planner.H100, gpus_per_node=1)

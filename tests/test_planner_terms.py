@@ -92,9 +92,9 @@ def _measure(root, layers):
                 k, v = (torch.randn(MICRO, KV_HEADS, mine, HEAD_DIM, requires_grad=True) for _ in range(2))
                 cpx.ring_attention(q, k, v, layout, group).sum().backward()
         out["cp", n] = sum(rec.bytes for rec in log.records if rec.op == "send")
+        layer = epx.ExpertParallelMoE(epx.MoE(MOE_H, MOE_FFN, EXPERTS, TOP_K, CF), group)
         with CommLog() as log:
-            for _ in range(M * MOE_LAYERS):  # one MoE layer per layer and micro-batch
-                layer = epx.ExpertParallelMoE(epx.MoE(MOE_H, MOE_FFN, EXPERTS, TOP_K, CF), group)
+            for _ in range(M * MOE_LAYERS):  # the layer run once per layer and micro-batch (the bytes are its shapes')
                 x = torch.randn(MOE_TOKENS, MOE_H, requires_grad=True)
                 layer(x)[0].sum().backward()
         out["ep", n] = sum(rec.bytes for rec in log.records if rec.op == "all_to_all")

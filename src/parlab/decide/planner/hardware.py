@@ -5,7 +5,7 @@ costs on a ring, GPUs, a cluster of nodes, and one fitted constant per GPU gener
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from parlab.lab.checks import positive_int
 from parlab.lab.parallel.ddp import DEFAULT_BUCKET_BYTES
@@ -291,4 +291,4 @@ def cluster_of(name: str, nodes: int = 1, **changes) -> Cluster:
              "gb200": dict(gpu=GB200, gpus_per_node=4, domain=72, intra=LINKS["nvlink5"], inter=LINKS["infiniband_ndr"])}
     if name not in kinds:
         raise ValueError(f"name={name!r}; choose one of {', '.join(map(repr, kinds))} (the kind of node)")
-    return replace(Cluster(nodes=nodes, **kinds[name]), **changes)
+    return Cluster(**{"nodes": nodes, **kinds[name], **changes})  # built whole: a default domain follows gpus_per_node

@@ -189,7 +189,7 @@ def test_fp8_casts_add_what_their_bytes_take_at_memory_bandwidth(recipe, gather)
     cluster = planner.Cluster(gpu=planner.H100, gpus_per_node=1)
     added = (planner.predict(w, planner.Layout(), cluster).step_s
              - planner.predict(w, planner.Layout(), cluster, without=("fp8_scaling",)).step_s)
-    per_value = {"tensorwise": 2 + 2 + 1, "delayed": 2 + 1}[recipe]  # amax read, then read and write; or no amax
+    per_value = planner.FP8_RECIPES[recipe]  # bytes per value cast: the FP8 copy, and tensorwise's amax read
     activations = layers * seq * (9 * h + 4 * f) * per_value  # each linear layer's inputs and output gradients
     weights = 0 if gather else 2 * layers * _layer_params(h, f, 32, 8) * per_value  # forward, and transposed
     torch.testing.assert_close(added, m * (activations + weights) / 3.35e12, rtol=1e-9, atol=0)
@@ -204,7 +204,8 @@ def test_fp8_casts_are_a_third_forward_and_two_thirds_backward():
     cluster = planner.Cluster(gpu=planner.H100, gpus_per_node=1, nodes=2)  # 2.7 GB of gradients over HDR
     added = (planner.predict(w, planner.Layout(dp=2), cluster).step_s
              - planner.predict(w, planner.Layout(dp=2), cluster, without=("fp8_scaling",)).step_s)
-    casts = (layers * seq * (9 * h + 4 * f) + 2 * layers * _layer_params(h, f, 32, 8)) * 3 / 3.35e12  # per pass
+    per_value = planner.FP8_RECIPES["delayed"]
+    casts = (layers * seq * (9 * h + 4 * f) + 2 * layers * _layer_params(h, f, 32, 8)) * per_value / 3.35e12
     torch.testing.assert_close(added, m * casts / 3 + (m - 1) * 2 * casts / 3, rtol=1e-9, atol=0)
 
 def test_fp8_runs_the_linear_layers_at_the_fp8_rate_and_the_rest_at_16_bits():
@@ -215,7 +216,7 @@ def test_fp8_runs_the_linear_layers_at_the_fp8_rate_and_the_rest_at_16_bits():
                                   planner.Layout(), cluster, without=("fp8_scaling",)).parts["compute"]
                for p in ("bf16", "fp8")}
     linear = 2 * _layer_params(h, f, 32, 8) * layers * seq  # FLOPs of the linear layers, one forward
-    r16, r8 = 989e12 * 0.66, 1979e12 * 0.45
+    r16, r8 = 989e12 * planner.UTILIZATIONS["h100", "bf16"], 1979e12 * planner.UTILIZATIONS["h100", "fp8"]
     saved = m * 3 * linear * (1 / r16 - 1 / r8)  # forward and twice it backward, the attention core unchanged
     torch.testing.assert_close(compute["bf16"] - compute["fp8"], saved, rtol=1e-9, atol=0)
 

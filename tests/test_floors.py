@@ -14,7 +14,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "parlab"
 #: the package's floors, bottom first
 FLOORS = ("lab", "decide", "course")
 #: the lab's own tiers, bottom first (``parlab.lab.X``)
-LAB_TIERS = (("checks", "runtime", "topology"), ("launch", "measure"), ("parallel", "models"),
+LAB_TIERS = (("checks", "language", "runtime", "topology"), ("launch", "measure"), ("parallel", "models"),
              ("compose_models", "training", "compose", "builtin", "job", "plots"))
 
 

@@ -22,7 +22,8 @@ import string
 LANGUAGES = ("en", "zh")
 #: The catalog modules of each language beside English, each with a ``MESSAGES`` dict: English template →
 #: translated template.
-CATALOGS = {"zh": ("parlab.lab.language.zh_launch", "parlab.lab.language.zh_exercises")}
+CATALOGS = {"zh": ("parlab.lab.language.zh_launch", "parlab.lab.language.zh_exercises_a",
+                  "parlab.lab.language.zh_exercises_b")}
 
 
 def current() -> str:

@@ -68,7 +68,7 @@ against, :mod:`~parlab.decide.planner.field_data` the latter's rows). Every name
 ``from parlab.decide.planner import predict``.
 """
 
-from parlab.decide.planner.hardware import (A100, B200, BUCKET_BYTES, GB200, GPU, GPUS, H100, H800, H100_UTILIZATION, UTILIZATIONS, LINKS, OPS, OPTIMIZER_BYTES_PER_PARAM,
+from parlab.decide.planner.hardware import (A100, B200, BLACKWELL_UTILIZATION, BUCKET_BYTES, GB200, GPU, GPUS, H100, H800, H100_UTILIZATION, UTILIZATIONS, LINKS, OPS, OPTIMIZER_BYTES_PER_PARAM,
                                      UTILIZATION, Cluster, Link, cluster_of, collective_seconds, fitted_link,
                                      ring_costs)
 from parlab.decide.planner.data_parallel import (DEEPSPEED_BUCKET_ELEMENTS, IMPLEMENTATIONS, MEGATRON_BUCKET_PARAMS, RESHARDS,
@@ -84,7 +84,7 @@ from parlab.decide.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_
                                       OUT_OF_SAMPLE_RUNS, PUBLISHED_RUNS, PublishedRun,
                                       baseline_step, baseline_utilization, calibrated_utilization, eq3_flops)
 
-__all__ = ["B200", "GB200", "GPUS", "H800", "UTILIZATIONS", "CP_KINDS", "FP8_RECIPES", "PRECISIONS", "ATTENTIONS", "DEEPSPEED_BUCKET_ELEMENTS", "GRAD_DTYPES", "MEGATRON_BUCKET_PARAMS", "bucket_bytes", "bucket_count", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_OUT_OF_SAMPLE_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
+__all__ = ["BLACKWELL_UTILIZATION", "B200", "GB200", "GPUS", "H800", "UTILIZATIONS", "CP_KINDS", "FP8_RECIPES", "PRECISIONS", "ATTENTIONS", "DEEPSPEED_BUCKET_ELEMENTS", "GRAD_DTYPES", "MEGATRON_BUCKET_PARAMS", "bucket_bytes", "bucket_count", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_OUT_OF_SAMPLE_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
            "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds", "deepspeed_backward_gathers",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",

@@ -101,16 +101,14 @@ class FieldRun:
         return predict(self.workload(), self.layout, cluster or self.cluster(), **{**self.options(), **options})
 
 
-#: The rows each new constant of :data:`~parlab.decide.planner.hardware.UTILIZATIONS` was fitted on, chosen by one
-#: rule before any other row was priced with it: in each (generation, precision) without a constant, the dense
-#: rows on the fewest GPUs at the shortest sequence. ``("h100", "fp8")``: 0.88 (:func:`fitted_share`: 0.881);
-#: ``("blackwell", "fp8")``: 0.58 (0.580). No dense bf16 row of a B200 or GB200 is published here, so
-#: ``("blackwell", "bf16")`` is the H100's share, assumed, and its four MoE rows are held out. Every row not
-#: named here fitted nothing.
-FITTED = {("h100", "fp8"): ("Llama 3 8B, 8 H100, FP8 current scaling, FSDP",
-                            "Llama 3.1 8B, 8 H100, FSDP, compiled, Float8"),
-          ("blackwell", "fp8"): ("Llama 3 8B, 8 GB200, FP8 current scaling", "Llama 3 8B, 8 GB200, MXFP8",
-                                 "Llama 3 8B, 8 B200, FP8 current scaling", "Llama 3 8B, 8 B200, MXFP8")}
+#: The rows the one new constant of :data:`~parlab.decide.planner.hardware.UTILIZATIONS` was fitted on: the
+#: Blackwells' share of peak, 0.58 (:func:`fitted_share`: 0.580), on the dense rows on the fewest GPUs at the
+#: shortest sequence, the rule chosen before any other row was priced with it. A generation has one share, of the
+#: peak of whatever precision its matrix products run in: FP8 reaches the same share of FP8 peak as bf16 of bf16
+#: peak (so FP8's products run at most twice as fast, as the peaks say), and the H100's is chapter 07's (0.66,
+#: fitted on MPT in bf16): every H100 row here, FP8 or bf16, fitted nothing. Every row not named here fitted nothing.
+FITTED = {"blackwell": ("Llama 3 8B, 8 GB200, FP8 current scaling", "Llama 3 8B, 8 GB200, MXFP8",
+                        "Llama 3 8B, 8 B200, FP8 current scaling", "Llama 3 8B, 8 B200, MXFP8")}
 #: Published runs that ran but that the planner says do not fit, each with what it leaves out (``docs/planner.md``).
 DOES_NOT_FIT = {
     "Llama 3 70B, 64 GB200, FP8 current scaling, FSDP":
@@ -132,18 +130,17 @@ def field_runs() -> tuple[FieldRun, ...]:
 
 def role(run: FieldRun) -> str:
     """``"fitted"`` where the run is in :data:`FITTED`, else ``"held out"``."""
-    return "fitted" if run.name in FITTED.get((run.generation, run.precision), ()) else "held out"
+    return "fitted" if run.name in FITTED.get(run.generation, ()) else "held out"
 
 
 def baseline_shares() -> dict:
-    """The trivial model's constant per (generation, precision), fitted on the same rows as the planner's
-    (:data:`FITTED`); bf16 on the H100 and the Blackwells: the H100's MPT rows' (``baseline_utilization``)."""
+    """The trivial model's constant per generation, fitted on the same rows as the planner's: the Blackwells' on
+    :data:`FITTED`'s, the H100's on chapter 07's MPT rows (``baseline_utilization``)."""
     from parlab.decide.planner.published import H100_CALIBRATION_RUNS, baseline_utilization
 
     by_name = {run.name: run for run in field_runs()}
-    shares = {key: baseline_share([by_name[n] for n in names]) for key, names in FITTED.items()}
-    h100 = baseline_utilization(H100_CALIBRATION_RUNS)
-    return {**shares, ("h100", "bf16"): h100, ("blackwell", "bf16"): h100}
+    return {"h100": baseline_utilization(H100_CALIBRATION_RUNS),
+            "blackwell": baseline_share([by_name[n] for n in FITTED["blackwell"]])}
 
 
 def errors() -> list[dict]:
@@ -153,21 +150,21 @@ def errors() -> list[dict]:
     for run in field_runs():
         p = run.predict()
         out.append({"run": run, "role": role(run), "moe": bool(run.workload().experts), "planner": p.step_s / run.step_s - 1,
-                    "trivial": baseline_step(run, shares[run.generation, run.precision]) / run.step_s - 1,
+                    "trivial": baseline_step(run, shares[run.generation]) / run.step_s - 1,
                     "fits": p.fits, "memory": p.memory.total, "prediction": p})
     return out
 
 
-def fitted_share(runs, share: str) -> float:
-    """The ``share`` of peak (``"utilization"`` or ``"fp8_utilization"``) at which the median of ``runs``'
-    predicted ÷ published steps is 1 (bisection on the monotone median), the other share held."""
+def fitted_share(runs) -> float:
+    """The generation's share of peak (the same for bf16 and FP8) at which the median of ``runs``' predicted ÷
+    published steps is 1 (bisection on the monotone median)."""
     if len({run.generation for run in runs}) != 1:
         raise ValueError("runs mix GPU generations; fit one constant per generation")
     priced = [(run, run.workload()) for run in runs]
 
     def median_ratio(u):
-        return statistics.median(predict(w, run.layout, run.cluster(**{share: u}), **run.options()).step_s / run.step_s
-                                 for run, w in priced)
+        return statistics.median(predict(w, run.layout, run.cluster(utilization=u, fp8_utilization=u),
+                                         **run.options()).step_s / run.step_s for run, w in priced)
 
     low, high = 0.1, 1.0
     for _ in range(30):
@@ -177,9 +174,10 @@ def fitted_share(runs, share: str) -> float:
 
 
 def baseline_step(run, utilization: float) -> float:
-    """The trivial model: the FLOPs the run executes ÷ (GPUs × 16-bit peak × ``utilization``), fitted per
-    generation and precision on the same rows as the planner's constant."""
-    return run.workload().hardware_flops() / (run.layout.world_size * run.cluster().gpu.flops * utilization)
+    """The trivial model: the FLOPs the run executes ÷ (GPUs × the peak of its precision × ``utilization``), one
+    constant per generation fitted on the same rows as the planner's."""
+    return run.workload().hardware_flops() / (run.layout.world_size * run.cluster().gpu.peak(run.precision)
+                                              * utilization)
 
 
 def baseline_share(runs) -> float:

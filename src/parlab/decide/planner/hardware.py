@@ -188,12 +188,15 @@ UTILIZATION = 0.61
 #: :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing, though the latter's
 #: memory miss prompted the GELU change that moved it.
 H100_UTILIZATION = 0.66
-#: Each generation's fitted shares of peak, by the precision of the matrix products (``"fp8"``: the share of
-#: FP8 peak the FP8 matrix products reach; the rest of a step stays at the 16-bit share): the A100's and
-#: H100's 16-bit ones above; the others fitted on the rows ``docs/planner.md`` names for each
-#: (:func:`~parlab.decide.planner.published.calibrated_utilization`).
-UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATION, ("h100", "fp8"): 0.88,
-                ("blackwell", "bf16"): H100_UTILIZATION, ("blackwell", "fp8"): 0.58}
+#: The B200's and GB200's share (:func:`cluster_of` ``"b200"``, ``"gb200"``), their generation's one fitted constant, of
+#: the peak of whichever precision the products run in: fitted on the dense Llama 3 8B rows on 8 B200s and 8 GB200s in
+#: FP8 (:data:`~parlab.decide.planner.field.FITTED`: 0.619); no other row fitted it.
+BLACKWELL_UTILIZATION = 0.62
+#: Each generation's one fitted share, by the precision of the matrix products: the same share of FP8 peak as of
+#: bf16 peak, so FP8's products run at most as much faster as the peaks say (twice), and every FP8 row priced
+#: on an H100 fitted nothing (``docs/planner.md``, "Today's layouts"). The A100 has no FP8.
+UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATION, ("h100", "fp8"): H100_UTILIZATION,
+                ("blackwell", "bf16"): BLACKWELL_UTILIZATION, ("blackwell", "fp8"): BLACKWELL_UTILIZATION}
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB

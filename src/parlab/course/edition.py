@@ -291,6 +291,47 @@ def build_all(lang: str = "zh") -> list[pathlib.Path]:
     return written
 
 
+def readme_row(row: str, path: pathlib.Path, lang: str = "zh") -> str:
+    """A row of ``README.<lang>.md``'s course map (``| [NN 标题](link) | 你将 | 阅读 | 练习 | 运行 | 运行（CI） |``)
+    with its link and times from one source: a translated chapter links its edition and states its own
+    reading time (:func:`read_minutes`); another links the English chapter and says it is not translated.
+    Exercises and runs are the English chapter's (:mod:`parlab.course.times`)."""
+    from parlab.course import times
+
+    cells = row.split(" | ")
+    t = times.chapter_times(path)
+    done = path.stem in translated(lang)
+    link = f"notebooks/{lang}/{path.name}" if done else f"notebooks/{path.name}"
+    cells[0] = re.sub(r"\]\([^)]*\)(（英文）)?", f"]({link})" + ("" if done else "（英文）"), cells[0], count=1)
+    if done:
+        texts = {b.cell_id: b.translation for b in read(translation(path, lang))}
+        read_time = f"{max(5, 5 * round(read_minutes(path, texts) / 5))} 分钟"
+    else:
+        read_time = f"尚未翻译（英文 {t.read_minutes} 分钟）"
+    runs = [_duration(s).strip() if s is not None else "–" for s in (t.run_seconds, t.ci_seconds)]
+    return " | ".join([*cells[:2], read_time, f"{t.exercise_minutes} 分钟", *runs]) + " |"
+
+
+def sync_readme(lang: str = "zh", write: bool = False) -> list[str]:
+    """What ``README.<lang>.md``'s course map says otherwise than :func:`readme_row`; with ``write``, fix it."""
+    from parlab.course.chapters import chapters
+
+    readme = ROOT / f"README.{lang}.md"
+    lines, stale = readme.read_text(encoding="utf-8").split("\n"), []
+    for path in chapters(folder=ROOT / "notebooks"):
+        at = [i for i, line in enumerate(lines) if line.startswith(f"| [{path.stem[:2]} ")]
+        if len(at) != 1:
+            stale.append(f"{readme.name}: no course-map row for chapter {path.stem[:2]}")
+            continue
+        row = readme_row(lines[at[0]], path, lang)
+        if row != lines[at[0]]:
+            stale.append(f"{readme.name}: chapter {path.stem[:2]}'s row should be: {row}")
+            lines[at[0]] = row
+    if write:
+        readme.write_text("\n".join(lines), encoding="utf-8")
+    return stale
+
+
 def command(args) -> int:
     """``parlab edition LANG [--build | --new NN]``."""
     try:
@@ -300,11 +341,12 @@ def command(args) -> int:
         if args.build:
             for path in build_all(args.lang):
                 print(f"wrote {path.relative_to(ROOT)}")
+            print("\n".join(f"fixed: {line}" for line in sync_readme(args.lang, write=True)))
             return 0
-        lines = status(args.lang)
+        lines = status(args.lang) + sync_readme(args.lang)
     except (EditionError, FileExistsError, ValueError) as exc:
         print(f"parlab edition: {exc}")
         return 1
     print("\n".join(lines))
-    return 0 if all(": not translated" in line or line.endswith("current") for line in lines
+    return 0 if all(": not translated" in line or line.endswith("translated and current") for line in lines
                     if not line.startswith(" ")) else 1

@@ -258,17 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     times.add_argument("--write", action="store_true", help="rewrite the Overviews and the README's map")
     times.add_argument("--measured", default=None, help="a run_times.json the test suite wrote "
                                                         "(artifacts/run_times.json): take its run times in first")
-    edition = sub.add_parser("edition", help="the course in another language, built from the English "
-                                             "(parlab.course.edition): each chapter's status, --build, --new NN")
-    edition.add_argument("lang", help="the edition, e.g. zh")
-    edition.add_argument("--build", action="store_true", help="write notebooks/LANG/NN_*.ipynb for every "
-                                                              "translated chapter")
-    edition.add_argument("--new", metavar="NN", help="start translations/LANG/NN_*.md: every English cell, "
-                                                     "its translation empty")
+    from parlab.course.edition import add_command  # parlab edition LANG [--build | --new NN]
+
+    add_command(sub)
     args = parser.parse_args(argv)
     if args.command == "edition":
-        from parlab.course import edition as editions
-        return editions.command(args)
+        return args.edition(args)
     if args.command == "times":
         return times_command(args)
     if args.command == "check":

@@ -332,6 +332,18 @@ def sync_readme(lang: str = "zh", write: bool = False) -> list[str]:
     return stale
 
 
+def add_command(sub) -> None:
+    """``parlab edition``, on the ``parlab`` command's subparsers (:mod:`parlab.course.cli`)."""
+    edition = sub.add_parser("edition", help="the course in another language, built from the English "
+                                             "(parlab.course.edition): each chapter's status, --build, --new NN")
+    edition.add_argument("lang", choices=sorted(LANGUAGES), help="the edition")
+    edition.add_argument("--build", action="store_true", help="write notebooks/LANG/NN_*.ipynb for every "
+                                                              "translated chapter, and README.LANG.md's course map")
+    edition.add_argument("--new", metavar="NN", help="start translations/LANG/NN_*.md: every English cell, "
+                                                     "its translation empty")
+    edition.set_defaults(edition=command)
+
+
 def command(args) -> int:
     """``parlab edition LANG [--build | --new NN]``."""
     try:

@@ -353,7 +353,8 @@ def command(args) -> int:
         if args.build:
             for path in build_all(args.lang):
                 print(f"wrote {path.relative_to(ROOT)}")
-            print("\n".join(f"fixed: {line}" for line in sync_readme(args.lang, write=True)))
+            for line in sync_readme(args.lang, write=True):
+                print(f"fixed: {line}")
             return 0
         lines = status(args.lang) + sync_readme(args.lang)
     except (EditionError, FileExistsError, ValueError) as exc:

@@ -299,17 +299,16 @@ def readme_row(row: str, path: pathlib.Path, lang: str = "zh") -> str:
     from parlab.course import times
 
     cells = row.split(" | ")
-    t = times.chapter_times(path)
+    runs = times.load_run_times().get(path.stem, {})
     done = path.stem in translated(lang)
     link = f"notebooks/{lang}/{path.name}" if done else f"notebooks/{path.name}"
     cells[0] = re.sub(r"\]\([^)]*\)(（英文）)?", f"]({link})" + ("" if done else "（英文）"), cells[0], count=1)
+    read_time = "尚未翻译"  # the English chapter's times need not be counted here: the README states them
     if done:
         texts = {b.cell_id: b.translation for b in read(translation(path, lang))}
         read_time = f"{max(5, 5 * round(read_minutes(path, texts) / 5))} 分钟"
-    else:
-        read_time = f"尚未翻译（英文 {t.read_minutes} 分钟）"
-    runs = [_duration(s).strip() if s is not None else "–" for s in (t.run_seconds, t.ci_seconds)]
-    return " | ".join([*cells[:2], read_time, f"{t.exercise_minutes} 分钟", *runs]) + " |"
+    run = [_duration(runs[k]).strip() if k in runs else "–" for k in ("defaults", "ci")]
+    return " | ".join([*cells[:2], read_time, f"{times.exercise_minutes(path)} 分钟", *run]) + " |"
 
 
 def sync_readme(lang: str = "zh", write: bool = False) -> list[str]:

@@ -24,6 +24,11 @@ chapter 02 has a translation, else it becomes ``../02_collectives.ipynb``, the E
 code reads a file beside its notebook except chapter 00's ``export_function("00_welcome.ipynb", ...)``,
 which finds the edition's own copy, whose code is the same.
 
+When an English sentence changes: ``parlab edition zh`` names the stale cell and shows the English diff;
+in ``translations/zh/<chapter>.md`` make that block's ``en`` part the new English and fix its translation;
+``parlab edition zh --build`` writes the notebook (and README.zh.md's course map); ``tests/test_edition.py``
+fails until both are done. ``parlab edition zh --new NN`` starts a chapter's translation.
+
 At run time, :func:`language` says which edition a kernel belongs to: ``parlab run`` sets ``PARLAB_LANG`` for
 a notebook of an edition (``metadata.parlab.edition``).
 """

@@ -9,6 +9,7 @@ space are each caught (the ``*_catches_*`` tests below).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shutil
@@ -142,17 +143,32 @@ def glossary() -> tuple[list[tuple[str, str]], list[str], list[str]]:
     text = GLOSSARY.read_text(encoding="utf-8")
     terms = _table(text, "| English | 简体中文 | 保留英文 | 首次讲授 |")
     rejected = [row[0] for row in _table(text, "| 拒用 | 改用 | 原因 |")]
-    translated = [(re.sub(r"\s*\(.*\)$", "", en).strip(), zh) for en, zh, keep, _ in terms if keep == "否"]
+    translated = [(en, zh) for en, zh, keep, _ in terms if keep == "否"]
     return translated, rejected, [zh for _, zh, _, _ in terms] + [row[1] for row in _table(text, "| 拒用 | 改用 | 原因 |")]
+
+
+def _names(english: str) -> list[str]:
+    """The English a first use may give: ``data parallelism (DP)`` -> the name; ``collective communication
+    (collective)`` -> the name and its short form (an abbreviation alone is not enough)."""
+    name, _, alias = english.replace("`", "").partition(" (")
+    return [name.lower()] + [a.lower() for a in [alias.rstrip(")")] if a and not a.isupper()]
+
+
+def _gives(paren: str, name: str) -> bool:
+    """Whether the bracket's text gives ``name``, allowing another ending (shard for sharding, state for
+    states): the text starts with all of ``name`` but its last few letters."""
+    common = len(os.path.commonprefix([paren.lower().strip(), name]))
+    return common >= min(len(name), max(4, len(name) - 3))
 
 
 def glossary_problems(text: str) -> list[str]:
     """What ``text`` (a chapter's translation) does against the glossary: a rejected rendering outside an
-    editor's note, or a translated term whose first use lacks its English in （…） right after it. A term
-    inside a longer one (数据并行 in 完全分片数据并行) is not a use of it."""
+    editor's note, or a translated term whose first use in the prose (headings aside) lacks its English in
+    （…） right after it. A term inside a longer one (数据并行 in 完全分片数据并行) is not a use of it."""
     translated, rejected, _ = glossary()
     prose = CODE.sub(" ", text).replace("**", "")
     problems = [f"rejected term {bad!r}" for bad in rejected if bad in EDITORS_NOTE.sub(" ", prose)]
+    prose = re.sub(r"^#+ .*$", " ", prose, flags=re.M)
     for en, zh in translated:
         masked = prose
         for _, longer in translated:
@@ -160,8 +176,8 @@ def glossary_problems(text: str) -> list[str]:
                 masked = masked.replace(longer, "□" * len(longer))
         at = masked.find(zh)
         after = masked[at + len(zh):].split("）", 1)[0] if at >= 0 else ""
-        if at >= 0 and not (after.startswith("（") and en.lower() in after.lower()):
-            problems.append(f"first use of {zh!r} is not {zh}（{en}…）: …{prose[max(0, at - 10):at + 20]}…")
+        if at >= 0 and not (after.startswith("（") and any(_gives(after[1:], n) for n in _names(en))):
+            problems.append(f"first use of {zh!r} is not {zh}（{_names(en)[0]}…）: …{prose[max(0, at - 10):at + 20]}…")
     return problems
 
 
@@ -184,6 +200,8 @@ def test_glossary_check_catches_a_rejected_term_and_a_bare_first_use():
     assert glossary_problems("> **编者注：** 原译“管道并行”。\n\n流水线并行（pipeline parallelism，PP）") == []
     [bare] = glossary_problems(text.replace("集合通信（collective communication）", "集合通信", 1))
     assert bare.startswith("first use of '集合通信'")
+    assert glossary_problems("分片（shard）与集合通信（collective）") == []  # another ending, the short form
+    assert len(glossary_problems("数据并行（DP）")) == 1  # an abbreviation alone is not the English
 
 
 # -- typography ---------------------------------------------------------------------------------------

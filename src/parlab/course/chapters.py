@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from unittest import mock
 
 import nbformat
 
@@ -130,9 +131,11 @@ def run_chapter(path, output_dir, *, ci: bool = False, html: bool = True, cell_t
         launch_log.write_text("")
         os.environ[LAUNCH_LOG] = str(launch_log.resolve())  # the kernel inherits it
     source = _recording_asserts(notebook, record_asserts) if record_asserts is not None else str(path)
+    lang = notebook.metadata.get("parlab", {}).get("edition")  # an edition's kernel knows it (edition.language)
     try:
-        error = _execute(source, out, parameters, pathlib.Path(cwd).resolve() if cwd is not None else path.parent,
-                         progress, cell_timeout)
+        with mock.patch.dict(os.environ, {"PARLAB_LANG": lang} if lang else {}):
+            error = _execute(source, out, parameters, pathlib.Path(cwd).resolve() if cwd is not None else path.parent,
+                             progress, cell_timeout)
     finally:
         if launch_log is not None:
             os.environ.pop(LAUNCH_LOG, None)

@@ -1,5 +1,6 @@
 """The ``parlab`` command. ``parlab check``: is this machine ready for the course? (chapter 00)
 ``parlab run``: run the chapters headless (see :mod:`parlab.course.chapters`). ``parlab export``: see :mod:`parlab.course.export`.
+``parlab edition zh``: the Chinese edition's status, ``--build``, ``--new NN`` (see :mod:`parlab.course.edition`).
 
 It prints versions, backends, CPUs, GPUs and how the GPUs are connected (``nvidia-smi topo -m``), the CUDA
 this torch was built for beside the CUDA the driver supports, and the C compiler and Python headers a GPU's
@@ -257,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     times.add_argument("--write", action="store_true", help="rewrite the Overviews and the README's map")
     times.add_argument("--measured", default=None, help="a run_times.json the test suite wrote "
                                                         "(artifacts/run_times.json): take its run times in first")
+    from parlab.course.edition import add_command  # parlab edition LANG [--build | --new NN]
+
+    add_command(sub)
     args = parser.parse_args(argv)
+    if args.command == "edition":
+        return args.edition(args)
     if args.command == "times":
         return times_command(args)
     if args.command == "check":

@@ -31,6 +31,12 @@ PROSE_LIMITS = {"median_words": 18, "longest_tenth": 30}
 #: these rates with :data:`EXERCISE_MINUTES` give 17.2 h on the same chapters); 200 words and 10 lines a
 #: minute had said 12.7 h. A main path at the limits is about 55 minutes.
 READING_RATE = {"words_per_minute": 130, "code_lines_per_minute": 8}
+#: The Chinese edition's rate (``parlab.course.edition``): Chinese characters a minute, at the same share of
+#: everyday reading speed as :data:`READING_RATE`'s 130 words: 130 / 228 of IReST's 255 characters a minute
+#: for Chinese (228 words a minute for English; S. Trauzettel-Klosinski, K. Dietz and the IReST Study Group,
+#: "Standardized Assessment of Reading Performance: The New International Reading Speed Texts IReST",
+#: IOVS 53(9):5452-5461, 2012). Latin words in Chinese text and code lines go at :data:`READING_RATE`.
+CHINESE_CHARACTERS_PER_MINUTE = round(255 * 130 / 228)  # 145
 #: One exercise, done honestly: reading it and its hint, then writing and debugging the function, at a
 #: rate per line of the chapter's solution (the same calibration; chapter 08's exercise, timed at about 45
 #: minutes by that learner, comes out at 47).

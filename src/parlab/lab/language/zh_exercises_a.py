@@ -46,7 +46,7 @@ MESSAGES: dict[str, str] = {
     # -- calling.py: a call the learner's function cannot take, or that raised
     ("{fn}{signature} cannot be called as {call}, as the check calls it: keep the parameters the exercise gives, in "
      "its order"):
-        "{fn}{signature} 无法像检查那样调用为 {call}：请保留练习给出的参数，并保持其顺序",
+        "{fn}{signature} 无法按检查的调用方式 {call} 调用：请保留练习给出的参数，并保持其顺序",
     "{fn} is not written yet (it raises NotImplementedError)":
         "{fn} 还没有写（它抛出 NotImplementedError）",
     "{call} raised {error_type}: {error}":

@@ -210,7 +210,7 @@ MESSAGES: dict[str, str] = {
         ".grad 是 {got}，应为形状 {shape}",
     ("every rank weighs the same, but they hold {sizes} examples: a rank's mean gradient counts as many times as it "
      "has examples"):
-        "每个 rank 的权重都一样，但它们分别持有 {sizes} 个样本：一个 rank 的平均梯度应按它的样本数计入",
+        "每个 rank 占的比重都一样，但它们分别持有 {sizes} 个样本：一个 rank 的平均梯度应按它的样本数计入",
     ".grad is unchanged: nothing was combined with the other ranks":
         ".grad 没有变：没有与其他 rank 合并任何东西",
     (".grad points the right way but is {scale:.3g} times the global mean's: divide by the number of examples all "

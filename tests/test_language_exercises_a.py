@@ -44,8 +44,8 @@ def test_a_think_question_says_the_choice_and_its_feedback_in_either_language(mo
                   "多次；关键在于它何时被读取。")
     assert repr(ch02.check_send_buffer("a")).startswith("✅ 为什么要发送副本：你往缓冲区里累加时，isend 可能仍在读取它")
     en = _failure(monkeypatch, "en", ch02.check_send_buffer, "b")
-    assert en == ("Why send a copy: 'b' (gloo and NCCL cannot send the same tensor twice) is not why. They can: a tensor "
-                  "may be sent any number of times; what matters is when it is read.")
+    assert en == ("Why send a copy: 'b' (gloo and NCCL cannot send the same tensor twice) is not why. They can: a "
+                  "tensor may be sent any number of times; what matters is when it is read.")
     assert repr(ch02.check_send_buffer("a")).startswith("✅ Why send a copy: isend may still be reading the buffer")
 
 

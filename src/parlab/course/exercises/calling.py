@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import inspect
 
+from parlab.lab.language import say
+
 
 class ExerciseFailed(AssertionError):
     """The learner's answer differs from the reference; the message says where."""
@@ -58,8 +60,9 @@ def _call(fn, /, *args, **kwargs):
         signature = inspect.signature(fn)
         signature.bind(*args, **kwargs)
     except TypeError:
-        raise ExerciseFailed(f"{_name(fn)}{signature} cannot be called as {shown_call(fn, *args, **kwargs)}, as "
-                             f"the check calls it: keep the parameters the exercise gives, in its order") from None
+        raise ExerciseFailed(say("{fn}{signature} cannot be called as {call}, as the check calls it: keep the "
+                                 "parameters the exercise gives, in its order", fn=_name(fn), signature=signature,
+                                 call=shown_call(fn, *args, **kwargs))) from None
     except ValueError:  # no signature to read (a builtin): let the call say what is wrong
         pass
     try:
@@ -67,7 +70,7 @@ def _call(fn, /, *args, **kwargs):
     except ExerciseFailed:  # a refusal, or the check's own code called from the learner's: already precise
         raise
     except NotImplementedError:
-        raise ExerciseFailed(f"{_name(fn)} is not written yet (it raises NotImplementedError)") from None
+        raise ExerciseFailed(say("{fn} is not written yet (it raises NotImplementedError)", fn=_name(fn))) from None
     except Exception as error:  # noqa: BLE001 - any error in the learner's code becomes the check's message
         failure = ExerciseFailed(_raised(fn, error, *args, **kwargs))
         failure.raised = error  # a check may add a hint for the error it recognises
@@ -80,7 +83,8 @@ def _raised(fn, error: BaseException, *args, **kwargs) -> str:
     traceback."""
     import traceback
 
-    text = f"{shown_call(fn, *args, **kwargs)} raised {type(error).__name__}: {error}"
+    text = say("{call} raised {error_type}: {error}", call=shown_call(fn, *args, **kwargs),
+               error_type=type(error).__name__, error=error)
     frames = traceback.extract_tb(error.__traceback__)
     code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
     own = [f for f in frames if code is not None and f.filename == code.co_filename and f.name == code.co_name]
@@ -89,5 +93,7 @@ def _raised(fn, error: BaseException, *args, **kwargs) -> str:
         shown_frames.append(frames[-1])  # and where it was raised, when that is further in
     for frame in shown_frames:
         line = (frame.line or "").strip()
-        text += f"\n  at line {frame.lineno} of {frame.name}" + (f": {line}" if line else "")
+        text += "\n" + (say("  at line {lineno} of {function}: {line}", lineno=frame.lineno, function=frame.name,
+                             line=line) if line else
+                         say("  at line {lineno} of {function}", lineno=frame.lineno, function=frame.name))
     return text

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from parlab.course.exercises.core import ExerciseFailed, Passed, _name, call_in_order, refusing
+from parlab.lab.language import say
 
 
 class GatedReLUMLP(nn.Module):
@@ -56,14 +57,14 @@ def check_gated_mlp_bytes(fn) -> Passed:
     ``measure_activations`` in fp32 and bf16 over three cases and one drawn anew (``fn`` may not call the
     measurement: count the tensors yourself)."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote")
+        raise TypeError(say("fn={fn!r} must be the function you wrote", fn=fn))
     cases = _with_a_fresh_case(MLP_CASES, lambda r: dict(s=r.randrange(8, 49), b=r.randrange(1, 4),
                                                           h=8 * r.randrange(2, 9), i=8 * r.randrange(2, 17),
                                                           bytes_per_value=r.choice((2, 4))))
     for case in cases:
         measured = _measured_mlp_bytes(**case)
-        with refusing("ch01.1", "the exercise asks you to count the tensors yourself (activation_saves tells "
-                      "you what ReLU keeps), not to measure or estimate them"):
+        with refusing("ch01.1", say("the exercise asks you to count the tensors yourself (activation_saves tells "
+                                    "you what ReLU keeps), not to measure or estimate them")):
             got = call_in_order(fn, _measured_mlp_bytes, case)
         if got == measured:
             continue
@@ -71,14 +72,15 @@ def check_gated_mlp_bytes(fn) -> Passed:
         args = ", ".join(f"{k}={v}" for k, v in case.items())
         hint = ""
         if got == measured + d * s * b * i:
-            hint = (" You counted one s·b·i tensor too many: ask activation_saves what ReLU keeps, and which "
-                    "tensors are the same storage.")
+            hint = say(" You counted one s·b·i tensor too many: ask activation_saves what ReLU keeps, and which "
+                       "tensors are the same storage.")
         elif got == measured - d * s * b * h:
-            hint = " The input x is kept too (by the gate and up projections: one tensor)."
+            hint = say(" The input x is kept too (by the gate and up projections: one tensor).")
         elif isinstance(got, (int, float)) and got and measured % got == 0:
-            hint = " Check the bytes per value: the case may be bf16."
-        raise ExerciseFailed(f"{_name(fn)}({args}) = {got!r}; measured {measured:,} bytes.{hint}")
-    return Passed(f"{_name(fn)} matches what autograd keeps in all {len(cases)} cases")
+            hint = say(" Check the bytes per value: the case may be bf16.")
+        raise ExerciseFailed(say("{fn}({args}) = {got!r}; measured {measured:,} bytes.{hint}", fn=_name(fn),
+                                 args=args, got=got, measured=measured, hint=hint))
+    return Passed(say("{fn} matches what autograd keeps in all {cases} cases", fn=_name(fn), cases=len(cases)))
 
 
 def _layer_bytes(s, b, h, a):
@@ -96,7 +98,7 @@ def check_activation_scaling(fn) -> Passed:
     sequence ``s`` is halved instead. Checked to 0.1 % over five layers, from a tiny one to GPT-3's, and one
     drawn anew."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote")
+        raise TypeError(say("fn={fn!r} must be the function you wrote", fn=fn))
     cases = _with_a_fresh_case(SCALING_CASES, lambda r: dict(h=64 * r.randrange(1, 65), a=r.choice((4, 8, 16, 32)),
                                                               s=128 * r.randrange(1, 65), b=r.randrange(1, 9)))
     for case in cases:
@@ -104,14 +106,14 @@ def check_activation_scaling(fn) -> Passed:
         full = _layer_bytes(s, b, h, a)
         expected = (full / _layer_bytes(s, b / 2, h, a), full / _layer_bytes(s / 2, b, h, a))
         try:
-            with refusing("ch01.2", "the exercise asks for the factors worked out from the formula "
-                          "s·b·h·(34 + 5·a·s/h), not taken from the estimator"):
+            with refusing("ch01.2", say("the exercise asks for the factors worked out from the formula "
+                                        "s·b·h·(34 + 5·a·s/h), not taken from the estimator")):
                 got = call_in_order(fn, ("h", "a", "s", "b"), case)
         except ExerciseFailed as failure:
             if isinstance(getattr(failure, "raised", None), ZeroDivisionError) and b == 1:
-                raise ExerciseFailed(f"{failure}\nAt b=1, b // 2 is 0: a micro-batch of 1 halved is b / 2 = 0.5 in "
-                                     f"the formula (the factor is a ratio of two counts, not a batch you run)."
-                                     ) from None
+                raise ExerciseFailed(say("{failure}\nAt b=1, b // 2 is 0: a micro-batch of 1 halved is b / 2 = 0.5 in "
+                                         "the formula (the factor is a ratio of two counts, not a batch you run).",
+                                         failure=failure)) from None
             raise
         ok = (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(g, (int, float)) for g in got)
               and all(math.isclose(g, e, rel_tol=1e-3) for g, e in zip(got, expected)))
@@ -119,11 +121,12 @@ def check_activation_scaling(fn) -> Passed:
             args = ", ".join(f"{k}={v}" for k, v in case.items())
             hint = ""
             if isinstance(got, (tuple, list)) and len(got) == 2 and math.isclose(got[1], 2, rel_tol=1e-3):
-                hint = (" Halving s halves the 34·s·b·h part, but the attention scores, 5·a·s²·b, are s × s: "
-                        "they shrink four times.")
-            raise ExerciseFailed(f"{_name(fn)}({args}): expected ({expected[0]:.4g}, {expected[1]:.4g}), got "
-                                 f"{got!r:.60}.{hint}")
-    return Passed(f"{_name(fn)} predicts both factors for all {len(cases)} layers")
+                hint = say(" Halving s halves the 34·s·b·h part, but the attention scores, 5·a·s²·b, are s × s: "
+                           "they shrink four times.")
+            raise ExerciseFailed(say("{fn}({args}): expected ({by_batch:.4g}, {by_sequence:.4g}), got {got!r:.60}."
+                                     "{hint}", fn=_name(fn), args=args, by_batch=expected[0],
+                                     by_sequence=expected[1], got=got, hint=hint))
+    return Passed(say("{fn} predicts both factors for all {cases} layers", fn=_name(fn), cases=len(cases)))
 
 
 def _per_param_bytes(n_d, stage, k=12, grad_bytes=2):
@@ -150,19 +153,20 @@ def check_max_params(fn) -> Passed:
     1% over GPU sizes, stages, degrees, K and fp32 gradients (whose 4 bytes tell a stage that shards the
     gradients from one that shards the 2-byte weights), and one case drawn anew, without the estimator."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote")
+        raise TypeError(say("fn={fn!r} must be the function you wrote", fn=fn))
     cases = _with_a_fresh_case(MAX_PARAMS_CASES, lambda r: dict(gpu_gb=r.randrange(8, 200), n_d=r.randrange(2, 513),
                                                                  stage=r.randrange(4), k=r.choice((4, 8, 12))))
     for case in cases:
         expected = _max_params(**case)
-        with refusing("ch01.3", "the exercise asks for the bytes per parameter worked out yourself, not the "
-                      "estimator's"):
+        with refusing("ch01.3", say("the exercise asks for the bytes per parameter worked out yourself, not the "
+                                    "estimator's")):
             got = call_in_order(fn, _max_params, case)
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=0.01):
             args = ", ".join(f"{k}={v!r}" for k, v in case.items())
-            raise ExerciseFailed(f"{_name(fn)}({args}): expected {expected:.4g}, got "
-                                 f"{f'{got!r:.12}'.rstrip('.')}.{_max_params_mistake(got, **case)}")
-    return Passed(f"{_name(fn)} agrees with the reference on all {len(cases)} cases")
+            raise ExerciseFailed(say("{fn}({args}): expected {expected:.4g}, got {got}.{hint}", fn=_name(fn),
+                                     args=args, expected=expected, got=f"{got!r:.12}".rstrip("."),
+                                     hint=_max_params_mistake(got, **case)))
+    return Passed(say("{fn} agrees with the reference on all {cases} cases", fn=_name(fn), cases=len(cases)))
 
 
 def _max_params_mistake(got, gpu_gb, n_d, stage, k=12, grad_bytes=2) -> str:
@@ -170,37 +174,42 @@ def _max_params_mistake(got, gpu_gb, n_d, stage, k=12, grad_bytes=2) -> str:
     if not isinstance(got, (int, float)) or isinstance(got, bool) or not got > 0:
         return ""
     right = _max_params(gpu_gb, n_d, stage, k, grad_bytes)
-    stages = {0: "nothing", 1: "the optimizer state", 2: "the optimizer state and the gradients",
-              3: "the optimizer state, the gradients and the weights"}
+    stages = {1: say("the optimizer state"), 2: say("the optimizer state and the gradients"),
+              3: say("the optimizer state, the gradients and the weights")}
     mistakes = [
-        (right / 1e9, " That is 10⁹ times too few: gpu_gb is in GB, so the GPU holds gpu_gb × 10⁹ bytes, and the "
-                      "answer is a number of parameters, not billions."),
-        (right * 1e9, " That is 10⁹ times too many: divide the GPU's bytes, gpu_gb × 10⁹, by the bytes per "
-                      "parameter."),
-        (right * 2**30 / 1e9, " You took a GB as 2³⁰ bytes (a GiB): a GPU's GB here, as in ZeRO's paper, is 10⁹ "
-                              "bytes."),
+        (right / 1e9, say(" That is 10⁹ times too few: gpu_gb is in GB, so the GPU holds gpu_gb × 10⁹ bytes, and "
+                          "the answer is a number of parameters, not billions.")),
+        (right * 1e9, say(" That is 10⁹ times too many: divide the GPU's bytes, gpu_gb × 10⁹, by the bytes per "
+                          "parameter.")),
+        (right * 2**30 / 1e9, say(" You took a GB as 2³⁰ bytes (a GiB): a GPU's GB here, as in ZeRO's paper, is "
+                                  "10⁹ bytes.")),
         (gpu_gb * 1e9 / (4 / (n_d if stage >= 3 else 1) + 4 / (n_d if stage >= 2 else 1) + k / (n_d if stage >= 1
                                                                                                   else 1)),
-         " You counted 4 bytes each for the weights and gradients: in mixed precision they are 2 each (bf16), "
-         "and the fp32 copy is part of the K bytes of optimizer state."),
+         say(" You counted 4 bytes each for the weights and gradients: in mixed precision they are 2 each (bf16), "
+             "and the fp32 copy is part of the K bytes of optimizer state.")),
     ]
     if k != 12:
         mistakes.append((_max_params(gpu_gb, n_d, stage, 12, grad_bytes),
-                         f" That is for K = 12: this case has k={k} bytes of optimizer state per parameter."))
+                         say(" That is for K = 12: this case has k={k} bytes of optimizer state per parameter.",
+                             k=k)))
     if grad_bytes != 2:
         if stage == 2:  # the weights and the gradients swapped: only unequal bytes tell them apart
             mistakes.append((gpu_gb * 1e9 / (2 / n_d + grad_bytes + k / n_d),
-                             f" You sharded the weights instead of the gradients: stage 2 divides the gradients "
-                             f"(grad_bytes={grad_bytes} each here) and the optimizer state over the n_d={n_d} "
-                             f"GPUs; every GPU keeps its whole 2-byte weights until stage 3."))
+                             say(" You sharded the weights instead of the gradients: stage 2 divides the gradients "
+                                 "(grad_bytes={grad_bytes} each here) and the optimizer state over the n_d={n_d} "
+                                 "GPUs; every GPU keeps its whole 2-byte weights until stage 3.",
+                                 grad_bytes=grad_bytes, n_d=n_d)))
         mistakes.append((_max_params(gpu_gb, n_d, stage, k),
-                         f" That is for 2-byte gradients: this case keeps them in fp32, grad_bytes={grad_bytes} "
-                         f"bytes per parameter."))
+                         say(" That is for 2-byte gradients: this case keeps them in fp32, grad_bytes={grad_bytes} "
+                             "bytes per parameter.", grad_bytes=grad_bytes)))
     for other in range(4):
         if other != stage:
             mistakes.append((_max_params(gpu_gb, n_d, other, k, grad_bytes),
-                             f" That is what fits at stage {other}: stage {stage} shards {stages[stage]}"
-                             + (f" over the n_d={n_d} GPUs." if stage else ", so n_d does not matter.")))
+                             say(" That is what fits at stage {other}: stage {stage} shards {sharded} over the "
+                                 "n_d={n_d} GPUs.", other=other, stage=stage, sharded=stages[stage], n_d=n_d)
+                             if stage else
+                             say(" That is what fits at stage {other}: stage {stage} shards nothing, so n_d does "
+                                 "not matter.", other=other, stage=stage)))
     for value, hint in mistakes:
         if not math.isclose(value, right, rel_tol=0.01) and math.isclose(got, value, rel_tol=0.01):
             return hint
@@ -214,9 +223,10 @@ def check_largest_models(one_gpu: float, zero3_64: float) -> Passed:
     expected = (_max_params(80, 1, 0) / 1e9, _max_params(80, 64, 3) / 1e9)
     for what, got, want in (("one_gpu", one_gpu, expected[0]), ("zero3_64", zero3_64, expected[1])):
         if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=0.02):
-            hint = " (in billions of parameters, e.g. 7 for a 7 B model)" if isinstance(got, (int, float)) \
+            hint = say(" (in billions of parameters, e.g. 7 for a 7 B model)") if isinstance(got, (int, float)) \
                 and got > 1e6 else ""
-            raise ExerciseFailed(f"{what} = {got!r:.12}: not the largest model that fits{hint}. How many bytes "
-                                 f"per parameter stay on one GPU, and how many bytes does it have?")
-    return Passed(f"one 80 GB GPU holds the states of {expected[0]:.3g} B parameters; 64 with ZeRO-3, "
-                  f"{expected[1]:.3g} B: ZeRO-3 multiplies it by N_d")
+            raise ExerciseFailed(say("{what} = {got!r:.12}: not the largest model that fits{hint}. How many bytes "
+                                     "per parameter stay on one GPU, and how many bytes does it have?", what=what,
+                                     got=got, hint=hint))
+    return Passed(say("one 80 GB GPU holds the states of {one_gpu:.3g} B parameters; 64 with ZeRO-3, "
+                      "{zero3_64:.3g} B: ZeRO-3 multiplies it by N_d", one_gpu=expected[0], zero3_64=expected[1]))

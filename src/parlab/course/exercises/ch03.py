@@ -9,6 +9,7 @@ import torch
 
 import parlab
 from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _name, refusing
+from parlab.lab.language import say
 
 
 def _shard_sizes(world_size: int, draw: random.Random) -> list[int]:
@@ -42,24 +43,26 @@ def _uneven_on_rank(fn, sizes) -> list[str]:
         equal = sum(e[i] for e in everyone) / n
         got = p.grad
         if got is None or got.shape != want.shape:
-            text = f".grad is {None if got is None else tuple(got.shape)}, expected shape {tuple(want.shape)}"
+            text = say(".grad is {got}, expected shape {shape}", got=None if got is None else tuple(got.shape),
+                       shape=tuple(want.shape))
         elif torch.allclose(got, want, rtol=1e-5, atol=1e-6):
             continue
         elif torch.allclose(got, equal, rtol=1e-5, atol=1e-6):
-            text = (f"every rank weighs the same, but they hold {sizes} examples: a rank's mean gradient counts "
-                    f"as many times as it has examples")
+            text = say("every rank weighs the same, but they hold {sizes} examples: a rank's mean gradient counts "
+                       "as many times as it has examples", sizes=sizes)
         elif torch.allclose(got, everyone[rank][i]):
-            text = ".grad is unchanged: nothing was combined with the other ranks"
+            text = say(".grad is unchanged: nothing was combined with the other ranks")
         elif torch.allclose(got, (scale := float((got * want).sum() / (want * want).sum())) * want, rtol=1e-4,
                             atol=1e-6):
-            text = (f".grad points the right way but is {scale:.3g} times the global mean's: divide by the number "
-                    f"of examples all ranks hold together, which only the ranks' local_batch_size summed tells "
-                    f"(not a batch size assumed the same on every rank)")
+            text = say(".grad points the right way but is {scale:.3g} times the global mean's: divide by the "
+                       "number of examples all ranks hold together, which only the ranks' local_batch_size summed "
+                       "tells (not a batch size assumed the same on every rank)", scale=scale)
         else:
-            text = f".grad differs from the gradient of the global mean loss by up to {(got - want).abs().max():.3g}"
+            text = say(".grad differs from the gradient of the global mean loss by up to {most:.3g}",
+                       most=(got - want).abs().max())
         problems.setdefault(text, []).append(name)
-    return [f"{'every parameter' if len(ns) == len(names) else ', '.join(ns)}: {text}"
-            for text, ns in problems.items()]
+    return [say("every parameter: {problem}", problem=text) if len(ns) == len(names) else
+            say("{names}: {problem}", names=", ".join(ns), problem=text) for text, ns in problems.items()]
 
 
 def check_weighted_average(fn, world_size: int = 2) -> Passed:
@@ -67,20 +70,22 @@ def check_weighted_average(fn, world_size: int = 2) -> Passed:
     anew at every call) whose ``.grad`` are the gradients of each shard's *mean* loss, must leave in every ``.grad``
     the gradient of the mean loss over all examples."""
     if not callable(fn):
-        raise TypeError(f"fn must be a function weighted_average(params, local_batch_size); got {fn!r}")
+        raise TypeError(say("fn must be a function weighted_average(params, local_batch_size); got {fn!r}", fn=fn))
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an int >= 2; got {world_size!r}")
+        raise ValueError(say("world_size must be an int >= 2; got {world_size!r}", world_size=world_size))
     sizes = _shard_sizes(world_size, random.Random())
     per_rank = parlab.launch(_uneven_on_rank, world_size=world_size, args=(fn, sizes), announce=False, output="all")
     ranks_of: dict[str, list[int]] = {}  # the same finding on several ranks is reported once
     for r, lines in enumerate(per_rank):
         for line in lines:
             ranks_of.setdefault(line, []).append(r)
-    report = [f"{'every rank' if len(rs) == world_size else 'rank ' + ', '.join(map(str, rs))}: {line}"
+    report = [say("every rank: {finding}", finding=line) if len(rs) == world_size else
+              say("rank {ranks}: {finding}", ranks=", ".join(map(str, rs)), finding=line)
               for line, rs in ranks_of.items()]
     if report:
-        raise ExerciseFailed(f"{_name(fn)} is not right yet:\n  " + "\n  ".join(report[:6]))
-    return Passed(f"every gradient on {world_size} ranks holding {sizes} examples is the global mean's")
+        raise ExerciseFailed(say("{fn} is not right yet:", fn=_name(fn)) + "\n  " + "\n  ".join(report[:6]))
+    return Passed(say("every gradient on {world_size} ranks holding {sizes} examples is the global mean's",
+                      world_size=world_size, sizes=sizes))
 
 
 #: Layers (in, out) of the model in the bucket check: 3.2 MiB of parameters of many sizes, so that a
@@ -107,13 +112,13 @@ def _ddp_buckets_on_rank(bucket_cap_mb):
 
 
 def _buckets_of(fn, ready, cap):
-    with refusing("ch03.2", "the exercise asks for DDP's rule applied by you, not the package's bucket layout"):
+    with refusing("ch03.2", say("the exercise asks for DDP's rule applied by you, not the package's bucket layout")):
         got = _call(fn, list(ready), cap) if cap is not None else _call(fn, list(ready))
     try:
         return list(got)
     except TypeError:
-        raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) returned {got!r:.60}: return a list "
-                             f"of the bytes of each bucket") from None
+        raise ExerciseFailed(say("{fn}(ready_bytes, bucket_cap_mb={cap}) returned {got!r:.60}: return a list of "
+                                 "the bytes of each bucket", fn=_name(fn), cap=cap, got=got)) from None
 
 
 #: Gradient sizes that tell DDP's rule from its near misses every time (drawn sizes do so only by chance): buckets
@@ -128,25 +133,25 @@ EDGE_CASES = (
 
 def _bucket_mistake(got, ready, cap) -> str:
     """The hint naming the near miss of DDP's rule that ``got`` is, or ''."""
-    unit = "DDP counts bucket_cap_mb in MiB, 2²⁰ = 1,048,576 bytes (int(bucket_cap_mb * 1024 * 1024))"
-    edge = "a bucket closes once it holds the limit or more (>=), so a bucket of exactly the limit closes"
+    unit = say("DDP counts bucket_cap_mb in MiB, 2²⁰ = 1,048,576 bytes (int(bucket_cap_mb * 1024 * 1024))")
+    edge = say("a bucket closes once it holds the limit or more (>=), so a bucket of exactly the limit closes")
     named = {  # the single mistakes first: a combined one is named only when neither alone explains ``got``
-        (10**6, ">=", "default", "after"): f"You read bucket_cap_mb's MB as 10⁶ bytes: {unit}.",
-        (2**20, ">", "default", "after"): f"You close a bucket only above the limit (>): {edge}.",
-        (10**6, ">", "default", "after"): f"You read bucket_cap_mb's MB as 10⁶ bytes ({unit}), and you close a "
-                                          f"bucket only above the limit (>): {edge}.",
-        (2**20, ">=", "always", "after"): "Only at DDP's default cap (bucket_cap_mb=None) is the first bucket's limit "
-                                          "1 MiB; a cap you pass applies to every bucket.",
-        (2**20, ">=", "never", "after"): "At DDP's default cap (bucket_cap_mb=None) the first bucket closes at 1 MiB "
-                                         "(dist._DEFAULT_FIRST_BUCKET_BYTES), the later ones at 25 MiB.",
-        (2**20, ">=", "default", "before"): "DDP adds a gradient to the open bucket first and then closes it if it "
-                                            "holds the limit or more: a bucket may end above the limit.",
+        (10**6, ">=", "default", "after"): say("You read bucket_cap_mb's MB as 10⁶ bytes: {unit}.", unit=unit),
+        (2**20, ">", "default", "after"): say("You close a bucket only above the limit (>): {edge}.", edge=edge),
+        (10**6, ">", "default", "after"): say("You read bucket_cap_mb's MB as 10⁶ bytes ({unit}), and you close a "
+                                              "bucket only above the limit (>): {edge}.", unit=unit, edge=edge),
+        (2**20, ">=", "always", "after"): say("Only at DDP's default cap (bucket_cap_mb=None) is the first bucket's "
+                                              "limit 1 MiB; a cap you pass applies to every bucket."),
+        (2**20, ">=", "never", "after"): say("At DDP's default cap (bucket_cap_mb=None) the first bucket closes at "
+                                             "1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES), the later ones at 25 MiB."),
+        (2**20, ">=", "default", "before"): say("DDP adds a gradient to the open bucket first and then closes it if "
+                                                "it holds the limit or more: a bucket may end above the limit."),
     }
     right = _reference_buckets(ready, cap)
     for (unit_bytes, closes, first, when), hint in named.items():
         wrong = _reference_buckets(ready, cap, unit=unit_bytes, closes=closes, first=first, when=when)
         if wrong != right and got == wrong:
-            return " " + hint
+            return say(" {hint}", hint=hint)  # after the sentence before it: a space in English, none in Chinese
     return ""
 
 
@@ -155,15 +160,15 @@ def check_ddp_buckets(fn) -> Passed:
     given each parameter's gradient size in the order the gradients became ready (all fp32) and the
     ``bucket_cap_mb`` passed to DDP (``None``: its default). Checked against DDP itself on two ranks."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote")
+        raise TypeError(say("fn={fn!r} must be the function you wrote", fn=fn))
     for cap in (None, 0.5):
         ready, real = parlab.launch(_ddp_buckets_on_rank, world_size=2, args=(cap,), announce=False,
                                     output="none")[0]
         got = _buckets_of(fn, ready, cap)
         if got != real:
-            raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {got}; DDP built "
-                                 f"{real} from gradients of {ready} bytes, in that order."
-                                 f"{_bucket_mistake(got, ready, cap)}")
+            raise ExerciseFailed(say("{fn}(ready_bytes, bucket_cap_mb={cap}) = {got}; DDP built {real} from "
+                                     "gradients of {ready} bytes, in that order.{hint}", fn=_name(fn), cap=cap,
+                                     got=got, real=real, ready=ready, hint=_bucket_mistake(got, ready, cap)))
     # then DDP's rule (as DDP applied it above) at its edges, every time, and on gradients drawn afresh: a layout
     # copied from a message fails
     draw = random.Random()
@@ -173,11 +178,11 @@ def check_ddp_buckets(fn) -> Passed:
         want = _reference_buckets(ready, cap)
         got = _buckets_of(fn, ready, cap)
         if got != want:
-            raise ExerciseFailed(f"{_name(fn)}(ready_bytes, bucket_cap_mb={cap}) = {got}; DDP's rule gives "
-                                 f"{want} for gradients of {list(ready)} bytes, in that order."
-                                 f"{_bucket_mistake(got, ready, cap)}")
-    return Passed(f"{_name(fn)} predicts DDP's rebuilt buckets at the default cap and at 0.5 MiB, and on "
-                  f"fresh gradient sizes")
+            raise ExerciseFailed(say("{fn}(ready_bytes, bucket_cap_mb={cap}) = {got}; DDP's rule gives {want} for "
+                                     "gradients of {ready} bytes, in that order.{hint}", fn=_name(fn), cap=cap,
+                                     got=got, want=want, ready=list(ready), hint=_bucket_mistake(got, ready, cap)))
+    return Passed(say("{fn} predicts DDP's rebuilt buckets at the default cap and at 0.5 MiB, and on fresh "
+                      "gradient sizes", fn=_name(fn)))
 
 
 def _reference_buckets(ready_bytes, bucket_cap_mb=None, *, unit=2**20, closes=">=", first="default",
@@ -229,20 +234,24 @@ def check_early_buckets(answers, sizes: dict, seq_len: int = 8) -> Passed:
     early)``: how many buckets v3 (``DDPOverlap``) builds for ``tiny_gpt2(**sizes)``, and how many of their
     all-reduces start before the last gradient of backward is ready. Measured on two ranks."""
     if not isinstance(answers, dict) or set(answers) != set(TRY_BUCKETS):
-        raise ExerciseFailed(f"answers must be a dict with the keys {list(TRY_BUCKETS)} (bucket_bytes), each "
-                             f"holding (buckets, early); got {answers!r:.120}")
+        raise ExerciseFailed(say("answers must be a dict with the keys {keys} (bucket_bytes), each holding "
+                                 "(buckets, early); got {answers!r:.120}", keys=list(TRY_BUCKETS), answers=answers))
     for bucket_bytes in TRY_BUCKETS:
         real = tuple(parlab.launch(_early_launches, world_size=2, args=(sizes, bucket_bytes, seq_len),
                                    announce=False, output="none")[0])
         got = answers[bucket_bytes]
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise ExerciseFailed(f"answers[{bucket_bytes}] must be (buckets, early); got {got!r}")
+            raise ExerciseFailed(say("answers[{bucket_bytes}] must be (buckets, early); got {got!r}",
+                                     bucket_bytes=bucket_bytes, got=got))
         if tuple(got)[0] != real[0]:
-            raise ExerciseFailed(f"bucket_bytes={bucket_bytes}: you said {got[0]} buckets; v3 builds a different "
-                                 f"number (rerun section 5 with this bucket_bytes and read len(v3[0]['buckets']))")
+            raise ExerciseFailed(say("bucket_bytes={bucket_bytes}: you said {buckets} buckets; v3 builds a different "
+                                     "number (rerun section 5 with this bucket_bytes and read "
+                                     "len(v3[0]['buckets']))", bucket_bytes=bucket_bytes, buckets=got[0]))
         if tuple(got)[1] != real[1]:
-            raise ExerciseFailed(f"bucket_bytes={bucket_bytes}: {got[1]} of {real[0]} buckets starting early is not "
-                                 f"what v3 does: a bucket starts once its own gradients and every earlier "
-                                 f"bucket's are in; which bucket holds the last gradient backward produces?")
-    return Passed(f"right for bucket_bytes {' and '.join(map(str, TRY_BUCKETS))}: with one bucket nothing can "
-                  f"go before backward's last gradient, so nothing overlaps")
+            raise ExerciseFailed(say("bucket_bytes={bucket_bytes}: {early} of {buckets} buckets starting early is "
+                                     "not what v3 does: a bucket starts once its own gradients and every earlier "
+                                     "bucket's are in; which bucket holds the last gradient backward produces?",
+                                     bucket_bytes=bucket_bytes, early=got[1], buckets=real[0]))
+    small, large = TRY_BUCKETS
+    return Passed(say("right for bucket_bytes {small} and {large}: with one bucket nothing can go before "
+                      "backward's last gradient, so nothing overlaps", small=small, large=large))

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import math
 import threading
+import unicodedata
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ import parlab
 from parlab.course.exercises.calling import (ExerciseFailed, _call, _name, _raised, call_in_order,  # noqa: F401
                                              in_order, shown_call)  # re-exported: checks import them here
 from parlab.course.exercises.recording import GroupLog, record_group  # noqa: F401 - re-exported: checks import them here
+from parlab.lab.language import say
 
 
 @dataclass(frozen=True)
@@ -45,19 +47,21 @@ class Passed:
 def first_difference(got, expected, atol=1e-5, rtol=1e-5) -> str | None:
     """``None`` if equal within tolerance, else a sentence naming the first differing element."""
     if not isinstance(got, torch.Tensor):
-        return f"expected a tensor of shape {tuple(expected.shape)}, got {type(got).__name__}: {got!r:.80}"
+        return say("expected a tensor of shape {shape}, got {kind}: {got!r:.80}", shape=tuple(expected.shape),
+                   kind=type(got).__name__, got=got)
     if got.shape != expected.shape:
-        return f"expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
+        return say("expected shape {expected}, got shape {got}", expected=tuple(expected.shape), got=tuple(got.shape))
     if got.dtype != expected.dtype:
-        return f"expected dtype {expected.dtype}, got {got.dtype}"
+        return say("expected dtype {expected}, got {got}", expected=expected.dtype, got=got.dtype)
     close = torch.isclose(got, expected, atol=atol, rtol=rtol)
     if bool(close.all()):
         return None
     bad = (~close).nonzero()
     index = tuple(int(i) for i in bad[0])
     where = index[0] if len(index) == 1 else index
-    return (f"element {where}: expected {expected[index].item():g}, got {got[index].item():g} "
-            f"({len(bad)} of {expected.numel()} elements differ)")
+    return say("element {where}: expected {expected:g}, got {got:g} ({bad} of {numel} elements differ)",
+               where=where, expected=expected[index].item(), got=got[index].item(), bad=len(bad),
+               numel=expected.numel())
 
 
 def _run_pair(fn, reference, make_input, record, refuse):
@@ -208,7 +212,7 @@ def _hook(frame, event, arg):
     held = by_file.get((code.co_firstlineno, code.co_qualname))
     if held and not getattr(_GRADING, "depth", 0):
         label, why = held[-1]
-        message = f"{label} is the package's answer to this exercise: {why}"
+        message = say("{label} is the package's answer to this exercise: {why}", label=label, why=why)
         _STRUCK.append(message)
         raise ExerciseFailed(message)
 
@@ -255,8 +259,8 @@ def _refusing_objects(objects, scope, why: str):
     finally:
         with _LOCK:
             if sys.getprofile() is not _hook and len(_STRUCK) == struck:  # CPython unsets it only when it raises
-                _STRUCK.append(f"the check's profile hook was replaced while your code ran (sys.setprofile): "
-                               f"{why}")
+                _STRUCK.append(say("the check's profile hook was replaced while your code ran (sys.setprofile): "
+                                   "{why}", why=why))
             for filename, key, label in keys:
                 held = _CODES[filename][key]
                 held.remove((label, why))
@@ -294,19 +298,45 @@ def without(owner, names, why: str):
                              why)
 
 
+class later:  # noqa: N801 - read as ``later.say(...)``
+    """A template marked where it is written and said where it is shown: a "think" question's choices, which
+    :func:`check_choice` says in the learner's language when it shows one. ``later.say(template)`` is the
+    template itself (the catalogs' test finds it, as it finds ``say``)."""
+
+    @staticmethod
+    def say(template: str) -> str:
+        return template
+
+
 def check_choice(what: str, letter, choices: dict, right: str) -> Passed:
     """A "think" question answered by a key of ``choices``: fails, naming ``what``, unless ``letter`` is
     ``right``. A choice's value is its text, or ``(text, feedback)``: a wrong answer then hears why it is
-    wrong (its feedback), never which one is right; every wrong choice must have feedback."""
+    wrong (its feedback), never which one is right; every wrong choice must have feedback. The texts are said
+    in the learner's language (:func:`parlab.lab.language.say`: mark them ``later.say("...")``)."""
     missing = [key for key, value in choices.items() if key != right and not isinstance(value, tuple)]
     if missing:
         raise ValueError(f"{what}: wrong choices {missing} need (text, feedback): a learner who picks one hears why")
     if letter not in choices:
-        raise ExerciseFailed(f"{what}: {letter!r} is not one of {sorted(choices)}")
+        raise ExerciseFailed(say("{what}: {letter!r} is not one of {choices}", what=what, letter=letter,
+                                 choices=sorted(choices)))
     text, feedback = choices[letter] if isinstance(choices[letter], tuple) else (choices[letter], "")
+    text, feedback = say(text), say(feedback) if feedback else feedback
     if letter != right:
-        raise ExerciseFailed(f"{what}: {letter!r} ({text}) is not why. {feedback}")
-    return Passed(f"{what}: {text}")
+        raise ExerciseFailed(say("{what}: {letter!r} ({text}) is not why. {feedback}", what=what, letter=letter,
+                                 text=text, feedback=feedback))
+    return Passed(say("{what}: {text}", what=what, text=text))
+
+
+def _columns(text: str) -> int:
+    """The columns ``text`` takes in a monospaced font: two for a wide (Chinese) character."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _aligned(rows) -> str:
+    """``(label, value)`` rows, one a line under two spaces, the values aligned after the longest label."""
+    width = max(_columns(label) for label, _ in rows)
+    return "\n".join(say("  {label}: {value}", label=label + " " * (width - _columns(label)), value=value)
+                     for label, value in rows)
 
 
 def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, timeout: float = 30,
@@ -314,17 +344,17 @@ def check_ranks(fn, reference, world_size: int = 4, make_input=_default_input, t
     """Run ``fn`` and ``reference`` on ``world_size`` ranks; pass if every rank's result matches. ``refuse``:
     ``(exercise, why)``, the answers :func:`refusing` refuses while ``fn`` runs on each rank."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote (a callable taking one tensor)")
+        raise TypeError(say("fn={fn!r} must be the function you wrote (a callable taking one tensor)", fn=fn))
     results = parlab.launch(_run_pair, world_size=world_size, args=(fn, reference, make_input, _record, refuse),
                             timeout=timeout, output="all", announce=False)
     for rank, r in enumerate(results):
         problem = first_difference(r["got"], r["expected"], atol, rtol)
         if problem:
             got = r["got"].tolist() if hasattr(r["got"], "tolist") else r["got"]
-            raise ExerciseFailed(f"{_name(fn)} on rank {rank} of {world_size}: {problem}.\n"
-                                 f"  input on rank {rank}: {r['input'].tolist()}\n"
-                                 f"  expected{' ' * (len(str(rank)) + 6)}: {r['expected'].tolist()}\n"
-                                 f"  got{' ' * (len(str(rank)) + 11)}: {got}")
+            rows = [(say("input on rank {rank}", rank=rank), r["input"].tolist()),
+                    (say("expected"), r["expected"].tolist()), (say("got"), got)]
+            raise ExerciseFailed(say("{fn} on rank {rank} of {world_size}: {problem}.", fn=_name(fn), rank=rank,
+                                     world_size=world_size, problem=problem) + "\n" + _aligned(rows))
     return results
 
 
@@ -333,12 +363,13 @@ def check_function(fn, reference, cases, rel: float = 0.01, refuse: tuple | None
     by position in the order of ``reference``'s parameters (:func:`in_order`: the learner's names are theirs);
     ``refuse``: ``(exercise, why)``, refused while ``fn`` runs (the reference runs first, outside)."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote")
+        raise TypeError(say("fn={fn!r} must be the function you wrote", fn=fn))
     for case in cases:
         args, kwargs = in_order(reference, case)
         expected = reference(*args, **kwargs)
         with _refusing_if(refuse):
             got = _call(fn, *args, **kwargs)
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=rel):
-            raise ExerciseFailed(f"{shown_call(fn, *args, **kwargs)}: expected {expected:.4g}, got {got!r:.12}")
-    return Passed(f"{_name(fn)} agrees with the reference on all {len(cases)} cases")
+            raise ExerciseFailed(say("{call}: expected {expected:.4g}, got {got!r:.12}",
+                                     call=shown_call(fn, *args, **kwargs), expected=expected, got=got))
+    return Passed(say("{fn} agrees with the reference on all {cases} cases", fn=_name(fn), cases=len(cases)))

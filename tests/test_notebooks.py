@@ -55,7 +55,8 @@ def _section_at(nb, heading: str) -> int | None:
 
 def _anchors(path: pathlib.Path) -> set[str]:
     text = _markdown(nbformat.read(path, as_version=4)) if path.suffix == ".ipynb" else path.read_text()
-    return {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*?)\s*$", text, re.M)}
+    headings = {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*?)\s*$", text, re.M)}
+    return headings | {_slug(m.group(1)) for m in re.finditer(r'<a id="([^"]+)"></a>', text)}  # an edition's
 
 
 def _slug(text: str) -> str:

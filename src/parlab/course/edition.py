@@ -36,12 +36,13 @@ a notebook of an edition (``metadata.parlab.edition``).
 from __future__ import annotations
 
 import difflib
-import os
 import pathlib
 import re
 from dataclasses import dataclass
 
 import nbformat
+
+from parlab.lab.language import current
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 #: The editions there are, and the language each translates into.
@@ -69,14 +70,9 @@ class Stale:
 
 
 def language() -> str:
-    """The edition this kernel runs: ``PARLAB_LANG`` (``"zh"``, ...; ``parlab run`` sets it for an edition's
-    notebook), else the edition whose folder the kernel works in (JupyterLab starts a notebook of
-    ``notebooks/zh/`` there), else ``"en"``. Messages a learner reads pick their language from it."""
-    lang = os.environ.get("PARLAB_LANG", "").strip()
-    if lang:
-        return lang
-    cwd = pathlib.Path.cwd()
-    return cwd.name if cwd.name in LANGUAGES and cwd.parent.name == "notebooks" else "en"
+    """The edition this kernel runs, ``"zh"`` or ``"en"``: decided in one place, :func:`parlab.lab.language.current`
+    (``PARLAB_LANG``, which ``parlab run`` sets for an edition's notebook; else the notebook's folder)."""
+    return current()
 
 
 def read(path) -> list[Block]:
@@ -222,6 +218,25 @@ def relink(text: str, chapters_here: set[str]) -> str:
     return "".join(out + [_LINK.sub(fix, text[last:])])
 
 
+_HEADING = re.compile(r"^(#+)[ \t]+(.*?)[ \t]*$", re.M)
+
+
+def english_anchors(english_text: str, text: str) -> str:
+    """``text`` (a translated cell) with the anchor each English heading had, ``<a id="A.-How-it-works"></a>``
+    (JupyterLab's id: the heading's words joined by hyphens), before each heading the translation changed, so
+    that the English chapter's in-page links (``#A.-How-it-works``), kept as they are in translation, still
+    land on it. Headings pair in order; a cell whose heading count differs is left alone."""
+    english_headings, headings = _HEADING.findall(english_text), list(_HEADING.finditer(text))
+    if len(english_headings) != len(headings):
+        return text
+    out, last = [], 0
+    for (_, words), m in zip(english_headings, headings):
+        if m.group(2) != words:
+            out += [text[last:m.start()], f'<a id="{"-".join(words.split())}"></a>\n\n']
+            last = m.start()
+    return "".join(out + [text[last:]])
+
+
 def build(chapter, lang: str = "zh", translations=None) -> nbformat.NotebookNode:
     """The ``lang`` edition of ``chapter``: the English notebook with each markdown cell's source replaced
     by its translation (links rewritten by :func:`relink`), and ``metadata.parlab.edition = lang``; nothing
@@ -240,7 +255,7 @@ def build(chapter, lang: str = "zh", translations=None) -> nbformat.NotebookNode
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             text = "\n".join(line if t.startswith(MARK) else t for t in texts[cell.id].split("\n"))
-            cell.source = relink(text, here)
+            cell.source = relink(english_anchors(cell.source, text), here)
     nb.metadata.setdefault("parlab", {})["edition"] = lang
     return nb
 

@@ -7,8 +7,8 @@ catalog (:data:`CATALOGS`, one module per area in ``parlab/lab/language/``) hold
 
 The language (:func:`current`): ``PARLAB_LANG`` where it is set (``parlab run`` sets ``zh`` for a notebook under
 ``notebooks/zh/``; a learner may set it in the shell that starts JupyterLab), else the notebook the kernel
-runs (JupyterLab names it to the kernel in ``JPY_SESSION_NAME``): one under a ``zh/`` folder reads Chinese;
-else English. A template without a translation is said in English.
+runs (JupyterLab names it to the kernel in ``JPY_SESSION_NAME``, and starts the kernel in its folder): one
+under a ``zh/`` folder reads Chinese; else English. A template without a translation is said in English.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import pathlib
 import string
 
 #: The languages the course speaks: English (the source) and Simplified Chinese (the edition).
@@ -23,18 +24,22 @@ LANGUAGES = ("en", "zh")
 #: The catalog modules of each language beside English, each with a ``MESSAGES`` dict: English template →
 #: translated template.
 CATALOGS = {"zh": ("parlab.lab.language.zh_launch", "parlab.lab.language.zh_exercises_a",
-                  "parlab.lab.language.zh_exercises_b")}
+                  "parlab.lab.language.zh_exercises_a2", "parlab.lab.language.zh_exercises_b")}
 
 
 def current() -> str:
-    """``"zh"`` or ``"en"``: ``PARLAB_LANG``, else the notebook's folder (``JPY_SESSION_NAME``), else English."""
+    """``"zh"`` or ``"en"``: ``PARLAB_LANG``, else the notebook's folder (``JPY_SESSION_NAME``, else the kernel's
+    working folder, ``notebooks/zh/``), else English."""
     chosen = os.environ.get("PARLAB_LANG", "").strip().lower()
     if chosen:
         if chosen not in LANGUAGES:
             raise ValueError(f"PARLAB_LANG={chosen!r}; choose one of {', '.join(LANGUAGES)}")
         return chosen
     notebook = os.environ.get("JPY_SESSION_NAME", "").replace("\\", "/")
-    return "zh" if "/zh/" in f"/{notebook}" else "en"
+    if notebook:
+        return "zh" if "/zh/" in f"/{notebook}" else "en"
+    cwd = pathlib.Path.cwd()  # JupyterLab starts a notebook's kernel in the notebook's folder
+    return cwd.name if cwd.name in LANGUAGES[1:] and cwd.parent.name == "notebooks" else "en"
 
 
 @functools.cache

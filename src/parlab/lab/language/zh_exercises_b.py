@@ -1,3 +1,93 @@
-"""Chinese templates of the course's messages (:mod:`parlab.lab.language`): English template → 中文."""
+"""Chinese templates of the course's messages (:mod:`parlab.lab.language`): English template → 中文.
 
-MESSAGES: dict[str, str] = {}
+The exercise checks of chapters 06–10 (``parlab.course.exercises.ch06`` … ``ch10``)."""
+
+MESSAGES: dict[str, str] = {
+    # -- chapter 06: pipeline schedules -------------------------------------------------------------------
+    "the exercise asks for 1F1B's order written out, without parlab.lab.parallel.pipeline_schedule's schedules: "
+    "count the warm-up forwards first":
+        "本练习要你写出 1F1B 的顺序，不用 parlab.lab.parallel.pipeline_schedule 的调度：先数预热阶段的前向",
+    "stage {stage} of {p}, {m} micro-batches": "{p} 个阶段中的阶段 {stage}，{m} 个微批次",
+    "stage {stage} of {p}, {m} micro-batch": "{p} 个阶段中的阶段 {stage}，{m} 个微批次",
+    "{fn}({where}): expected a list of names like 'F0', got {got!r:.80}":
+        "{fn}（{where}）：应返回由 'F0' 这类名字组成的列表，得到 {got!r:.80}",
+    "nothing (the list ends)": "什么都没有（列表已结束）",
+    "nothing (the list should end)": "什么都没有（列表应当结束）",
+    "{fn} for {where}: operation {i} should be {wanted}, got {said} (yours: {yours})":
+        "{fn}（{where}）：第 {i} 个操作应为 {wanted}，得到 {said}（你的：{yours}）",
+    "{fn} gives 1F1B's order for every stage of 1–6 stages and 1–9 micro-batches, and of 3 settings drawn anew "
+    "({drawn})":
+        "{fn} 对 1–6 个阶段、1–9 个微批次的每个阶段，以及新抽取的 3 组设置（{drawn}），都给出了 1F1B 的顺序",
+    " (return a whole number of micro-batches, an int)": "（请返回微批次的整数个数，一个 int）",
+    " (m={got} is no step at all: a step runs at least one micro-batch, so m ≥ 1; with p=1 there is no bubble, "
+    "and m=1 meets any target)":
+        "（m={got} 根本构不成一步：一步至少运行一个微批次，所以 m ≥ 1；p=1 时没有气泡，m=1 满足任何目标）",
+    " (m={got} is no step at all: a step runs at least one micro-batch, so m ≥ 1; start counting at 1)":
+        "（m={got} 根本构不成一步：一步至少运行一个微批次，所以 m ≥ 1；从 1 开始数）",
+    "at m={expected} the bubble equals the target, and 'at most' includes it: compare with ≤, exactly (with "
+    "fractions.Fraction or integers), not through floating point":
+        "m={expected} 时气泡恰好等于目标，而“不超过”包括等于：用 ≤ 精确比较（用 fractions.Fraction 或整数），"
+        "不要经过浮点数",
+    "that is the m for (p − 1)/(v·m) ≤ target, the Playbook's and Megatron's bubble, relative to the ideal step; "
+    "this exercise's is the idle share of the step, (p − 1)/(v·m + p − 1)":
+        "那是满足 (p − 1)/(v·m) ≤ target 的 m，即 Playbook 和 Megatron 的气泡，相对于理想的一步；"
+        "本练习的气泡是一步中空闲的占比，(p − 1)/(v·m + p − 1)",
+    "that is the m for v=1: with v={v} stages per rank the bubble is (p − 1)/(v·m + p − 1)":
+        "那是 v=1 时的 m：每个 rank 有 v={v} 个阶段时，气泡是 (p − 1)/(v·m + p − 1)",
+    "with m={got} the bubble is still above the target: the smallest m whose bubble is at most the target":
+        "m={got} 时气泡仍高于目标：要找的是气泡不超过目标的最小 m",
+    " ({hints})": "（{hints}）",
+    "; or ": "；或者",
+    "the exercise asks for the bubble's inequality solved yourself, not the check's own answer":
+        "本练习要你自己解出气泡的不等式，而不是借用检查自己的答案",
+    " (with m={got} the bubble is {yours:.4f}; with m={expected}, {right:.4f})":
+        "（m={got} 时气泡是 {yours:.4f}；m={expected} 时是 {right:.4f}）",
+    "{fn}({args}): expected {expected}, got {got!r:.40}{numbers}{hint}":
+        "{fn}({args})：应为 {expected}，得到 {got!r:.40}{numbers}{hint}",
+    "{fn} finds the smallest m in all {count} cases": "{fn} 在全部 {count} 个用例中都找到了最小的 m",
+    " (I frees nothing: the weight gradient W still needs the stage's saved inputs, so a split backward frees its "
+    "micro-batch's activations at W)":
+        "（I 什么也不释放：权重梯度 W 仍需要该阶段保存的输入，所以拆开的反向在 W 时才释放其微批次的激活值）",
+    " (I and W are two halves of one backward: they free the activations once, at W)":
+        "（I 和 W 是同一个反向的两半：它们只释放一次激活值，在 W 时）",
+    " (a split backward frees too: at its W, once both halves have run)":
+        "（拆开的反向也会释放：在它的 W 时，两半都运行完之后）",
+    " (that counts every forward the stage runs: a backward frees its micro-batch's activations, so count what is "
+    "held at once)":
+        "（那数的是该阶段运行的所有前向：反向会释放其微批次的激活值，所以要数同一时刻保存了多少）",
+    "the exercise asks you to count the activations yourself, without parlab.lab.parallel.pipeline_schedule's "
+    "in_flight: which ops hold, which free?":
+        "本练习要你自己数激活值，不用 parlab.lab.parallel.pipeline_schedule 的 in_flight：哪些操作保存，哪些释放？",
+    "{fn}({ops}): expected {expected}, got {got!r:.40}{hint}": "{fn}({ops})：应为 {expected}，得到 {got!r:.40}{hint}",
+    "{fn} agrees on all {count} operation lists": "{fn} 在全部 {count} 个操作列表上都一致",
+    "each message costs a fixed time (chapter 02's α) while the operations shrink as m grows":
+        "每条消息都有固定的耗时（第 02 章的 α），而操作随 m 增大而变短",
+    "more micro-batches mean more activations to hold, and memory is slow":
+        "微批次越多，要保存的激活值越多，而内存很慢",
+    "1F1B holds at most p micro-batches' activations whatever m is: memory does not grow with m.":
+        "无论 m 多大，1F1B 最多保存 p 个微批次的激活值：内存不随 m 增长。",
+    "the formula (p − 1)/(m + p − 1) is wrong for large m": "公式 (p − 1)/(m + p − 1) 在 m 很大时是错的",
+    "The simulator with comm=0 gives the formula exactly; what does comm=1 add to every boundary?":
+        "comm=0 时模拟器给出的正是这个公式；comm=1 给每个边界添了什么？",
+    "when the bubble saved is smaller than the time of the extra messages (v·p − 1 boundaries per micro-batch)":
+        "当省下的气泡小于多出来的消息所花的时间时（每个微批次跨越 v·p − 1 个边界）",
+    "never: a larger v always gives a shorter step": "永远不停：v 越大，一步总是越短",
+    "The bubble shrinks with v, but each micro-batch crosses v·p − 1 boundaries: what do they cost?":
+        "气泡随 v 缩小，但每个微批次要跨越 v·p − 1 个边界：它们要花多少时间？",
+    "at v = 2, because PyTorch supports no more": "停在 v = 2，因为 PyTorch 不支持更多",
+    "PyTorch's ScheduleInterleaved1F1B takes any number of stages per rank.":
+        "PyTorch 的 ScheduleInterleaved1F1B 支持每个 rank 任意数量的阶段。",
+    "{what}: {got!r:.40} is not what the simulator gives (within {tol}); run ps.simulate with those settings and "
+    "read ps.bubble_fraction":
+        "{what}：{got!r:.40} 不是模拟器给出的值（误差 {tol} 以内）；用这些设置运行 ps.simulate，再读 ps.bubble_fraction",
+    "the bubble with comm=1": "comm=1 时的气泡",
+    "why": "为什么",
+    "messages that cost a forward each: the simulated bubble, and why small micro-batches pay":
+        "每条消息耗时一个前向：模拟出的气泡，以及小微批次为何要付出代价",
+    "the bubble at v={v}": "v={v} 时的气泡",
+    "rank 0's peak at v={v}: {peak!r:.20} is not the simulator's (the widget prints it)":
+        "v={v} 时 rank 0 的峰值：{peak!r:.20} 不是模拟器给出的值（小部件会打印它）",
+    "where to stop": "在哪里停下",
+    "interleaving: the bubble shrinks with v, rank 0 holds more stages' activations, and messages set the limit":
+        "交错：气泡随 v 缩小，rank 0 要保存更多阶段的激活值，而消息决定了上限",
+}

@@ -90,4 +90,86 @@ MESSAGES: dict[str, str] = {
     "where to stop": "在哪里停下",
     "interleaving: the bubble shrinks with v, rank 0 holds more stages' activations, and messages set the limit":
         "交错：气泡随 v 缩小，rank 0 要保存更多阶段的激活值，而消息决定了上限",
+
+    # -- chapter 07: a mesh's groups, model states, choosing a layout -----------------------------------------
+    "the exercise asks for the groups worked out from the axis order, without parlab.lab.parallel.Topology: what "
+    "is the stride of each axis?":
+        "本练习要你按轴的顺序推出各个组，不用 parlab.lab.parallel.Topology：每个轴的步长是多少？",
+    "{fn}({args}): expected {expected}, got {got!r:.80}. {hint}": "{fn}({args})：应为 {expected}，得到 {got!r:.80}。{hint}",
+    "{fn} finds all {count} groups of {meshes} meshes": "{fn} 找对了 {meshes} 个网格的全部 {count} 个组",
+    "Every axis taken as blocks of consecutive ranks: only tp, the innermost axis, is contiguous. Ranks one step "
+    "apart on an axis are its stride apart: dp's stride is the tp size, pp's tp × dp.":
+        "把每个轴都当成了连续 rank 组成的块：只有最内层的 tp 轴是连续的。在一个轴上相邻的两个 rank 相隔该轴的步长："
+        "dp 的步长是 tp 的大小，pp 的是 tp × dp。",
+    "The axes in reverse order: pp is the outermost axis (largest stride), tp the innermost (stride 1).":
+        "轴的顺序反了：pp 是最外层的轴（步长最大），tp 是最内层的（步长为 1）。",
+    "Those are the coordinates along the axis (0 to size − 1), not the ranks that hold them.":
+        "那是沿该轴的坐标（0 到 size − 1），不是持有这些坐标的 rank。",
+    "The group includes the rank itself.": "组里也包括这个 rank 自己。",
+    "Return a list of ranks (ints).": "请返回 rank 的列表（int）。",
+    "A group is the ranks whose coordinates differ from rank's on this axis alone; an axis's stride is the product "
+    "of the sizes of the axes inside it (tp innermost).":
+        "一个组是只在这个轴上坐标与该 rank 不同的那些 rank；一个轴的步长是它内层各轴大小的乘积（tp 在最内层）。",
+    "the exercise asks for the bytes counted yourself, without estimate_memory or the planner: bytes per parameter "
+    "for weights, gradients, Adam; which are divided by what?":
+        "本练习要你自己数字节数，不用 estimate_memory 或规划器：权重、梯度、Adam 每个参数各占几个字节？哪些要除以什么？",
+    " (that is one number: the check compares each part, since two wrong parts can sum to the right total)":
+        "（那是一个数：检查会逐项比较，因为两个错的部分加起来也可能等于正确的总数）",
+    "{fn}({args}): expected a dict of bytes {{'params': ..., 'grads': ..., 'optimizer': ...}}, got {got!r:.80}"
+    "{shape}":
+        "{fn}({args})：应返回字节数的 dict {{'params': ..., 'grads': ..., 'optimizer': ...}}，得到 {got!r:.80}{shape}",
+    "{fn}({args}): ": "{fn}({args})：",
+    "; ": "；",
+    "{part} expected {expected:.3f} GB, got {got:.3f} GB": "{part} 应为 {expected:.3f} GB，得到 {got:.3f} GB",
+    "{fn} agrees with estimate_memory, part by part, on all {count} layouts":
+        "{fn} 在全部 {count} 种布局上都与 estimate_memory 逐项一致",
+    "that is ZeRO sharding over all the ranks: it shards only over the dp axis":
+        "那是 ZeRO 在所有 rank 上分片：它只在 dp 轴上分片",
+    "that is the whole model on every rank: tp × pp ranks each hold 1/(tp·pp) of it":
+        "那是每个 rank 都持有整个模型：tp × pp 个 rank 各持有它的 1/(tp·pp)",
+    "that divides the model by every rank: the dp ranks are replicas, only tp × pp split it":
+        "那是把模型除以所有 rank：dp 的各个 rank 是副本，只有 tp × pp 切分模型",
+    "that counts Adam as 8 bytes: with bf16 weights it keeps an fp32 master copy too, 12 in all":
+        "那是把 Adam 算成 8 个字节：权重为 bf16 时它还保存一份 fp32 主副本，共 12 个字节",
+    "that counts gradients as fp32: here they are bf16, 2 bytes each":
+        "那是把梯度算成 fp32：这里梯度是 bf16，每个 2 字节",
+    "that ignores zero_stage: ZeRO-1 shards the optimizer state, 2 the gradients, 3 the weights":
+        "那忽略了 zero_stage：ZeRO-1 对优化器状态分片，ZeRO-2 加上梯度，ZeRO-3 加上权重",
+    "that shards the weights at ZeRO-2 instead of the gradients: ZeRO-2 shards the gradients (and the optimizer "
+    "state); the weights stay whole until ZeRO-3":
+        "那是在 ZeRO-2 对权重而不是梯度分片：ZeRO-2 对梯度（和优化器状态）分片；权重直到 ZeRO-3 才分片",
+    "that shards one stage too early: ZeRO-1 shards only the optimizer state, ZeRO-2 adds the gradients, ZeRO-3 the "
+    "weights":
+        "那是早了一个阶段分片：ZeRO-1 只对优化器状态分片，ZeRO-2 加上梯度，ZeRO-3 加上权重",
+    "that shards everything from ZeRO-1 on: stage 1 shards only the optimizer state":
+        "那是从 ZeRO-1 起就对一切分片：阶段 1 只对优化器状态分片",
+    "check_layout_choice({fn}, seed={seed}) draws these {count} scenarios again":
+        "check_layout_choice({fn}, seed={seed}) 会再次抽出这 {count} 个场景",
+    "{fn} for scenario {index} of {count} ({description}; {again})":
+        "{fn} 在 {count} 个场景中的第 {index} 个（{description}；{again}）",
+    "{where}: price takes a parlab.decide.planner.Layout, got {layout!r:.80}":
+        "{where}：price 接受的是 parlab.decide.planner.Layout，得到 {layout!r:.80}",
+    "{where}: priced {count} layouts ({layouts}); the budget is {budget}. Rule out first: what fits in "
+    "{memory:.0f} GB, which axes may cross the links between GPUs and between nodes; then price the few that are "
+    "left.":
+        "{where}：为 {count} 种布局估了价（{layouts}）；预算是 {budget}。先排除：什么能放进 {memory:.0f} GB，"
+        "哪些轴可以跨越 GPU 之间和节点之间的链路；再为剩下的几种估价。",
+    "the exercise asks you to choose by the guide's rules and memory arithmetic, pricing at most {budget} layouts "
+    "with the price argument, without the planner's predict or candidates":
+        "本练习要你按指南的规则和显存算术来选，用 price 参数最多为 {budget} 种布局估价，不用规划器的 predict 或 "
+        "candidates",
+    "{fn} picks a fitting layout within {tolerance:.0%} of the fastest in {count} scenarios drawn afresh "
+    "(seed={seed}), pricing at most {budget} layouts in each":
+        "{fn} 在新抽取的 {count} 个场景（seed={seed}）中都选出了放得下、与最快者相差不超过 {tolerance:.0%} 的布局，"
+        "每个场景最多估价 {budget} 种布局",
+    "{where}: expected a parlab.decide.planner.Layout, got {got!r:.80}":
+        "{where}：应返回 parlab.decide.planner.Layout，得到 {got!r:.80}",
+    "{where}: {got} uses {used} GPUs; the cluster has {world_size}": "{where}：{got} 用了 {used} 个 GPU；集群有 {world_size} 个",
+    "{where}: TP {tp} spans nodes of {per_node} GPUs": "{where}：TP {tp} 跨越了节点（每个节点只有 {per_node} 个 GPU）",
+    "{where}: {got} is not a layout of this batch: {error}": "{where}：{got} 不是这个批次的布局：{error}",
+    "{where}: {got} needs {needs:.1f} GB per GPU; it has {has:.0f} GB":
+        "{where}：{got} 每个 GPU 需要 {needs:.1f} GB；GPU 只有 {has:.0f} GB",
+    "{where}: {got} fits but takes {mine:.2f} s per step (predicted); a layout that fits takes {best:.2f} s. Where "
+    "does yours lose time? ":
+        "{where}：{got} 放得下，但每步需要 {mine:.2f} s（预测）；有一种放得下的布局只需 {best:.2f} s。你的布局在哪里浪费了时间？",
 }

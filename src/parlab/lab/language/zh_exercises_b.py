@@ -172,4 +172,136 @@ MESSAGES: dict[str, str] = {
     "{where}: {got} fits but takes {mine:.2f} s per step (predicted); a layout that fits takes {best:.2f} s. Where "
     "does yours lose time? ":
         "{where}：{got} 放得下，但每步需要 {mine:.2f} s（预测）；有一种放得下的布局只需 {best:.2f} s。你的布局在哪里浪费了时间？",
+
+    # -- chapter 08: FSDP2 and a sharded checkpoint -----------------------------------------------------------
+    "this exercise asks you to write the FSDP2 and checkpoint code yourself; parlab.lab.job.train_fsdp's functions "
+    "are refused while your function runs":
+        "本练习要你自己写 FSDP2 和检查点的代码；你的函数运行期间，parlab.lab.job.train_fsdp 的函数会被拒绝",
+    "sharded_loop is not written yet (it raises NotImplementedError)": "sharded_loop 还没写（它抛出 NotImplementedError）",
+    "on {world_size} ranks, every rank trained on the whole batch of {batch} rows each step ({counts} rows over "
+    "{steps} steps): the shard step is missing. Each rank must train on its own rows, shard(x, dist.get_rank(), "
+    "dist.get_world_size()); the losses and weights cannot show it (FSDP averages {world_size} equal gradients), "
+    "but the job does the same work {world_size} times":
+        "在 {world_size} 个 rank 上，每个 rank 每步都用整批 {batch} 行训练（{steps} 步共 {counts} 行）：少了分片这一步。"
+        "每个 rank 必须只用自己的行训练，shard(x, dist.get_rank(), dist.get_world_size())；损失和权重看不出来"
+        "（FSDP 对 {world_size} 个相等的梯度求平均），但作业把同样的工作做了 {world_size} 遍",
+    "on {world_size} ranks, asked for steps {first_step}–{last}, your function trained steps 0–{last}: load the "
+    "model and optimizer from load_from and go on from first_step, rather than replay the first steps":
+        "在 {world_size} 个 rank 上，要求训练第 {first_step}–{last} 步，你的函数训练了第 0–{last} 步："
+        "从 load_from 加载模型和优化器，再从 first_step 接着训练，而不是重放前几步",
+    "on {world_size} ranks, steps {first_step}–{last} trained on the batches of steps 0–{replayed}: draw each "
+    "step's batch with seed=step, for step from first_step":
+        "在 {world_size} 个 rank 上，第 {first_step}–{last} 步用的是第 0–{replayed} 步的批次："
+        "每一步的批次用 seed=step 抽取，step 从 first_step 开始",
+    "on {world_size} ranks, steps {first_step}–{last}: the ranks' rows together are not each step's batch once "
+    "(rows per rank: {counts}; expected {each} per step each). Rank r takes shard(x, r, {world_size}) of "
+    "token_batch({batch}, {seq_len}, seed=step)":
+        "在 {world_size} 个 rank 上，第 {first_step}–{last} 步：各 rank 的行合起来不是每步的批次恰好一次"
+        "（每个 rank 的行数：{counts}；应为每个 rank 每步 {each} 行）。rank r 取 token_batch({batch}, {seq_len}, "
+        "seed=step) 的 shard(x, r, {world_size})",
+    "your function raised on rank {rank} of {world_size}: {type_name}: {message}":
+        "你的函数在 rank {rank}（共 {world_size} 个）上抛出了 {type_name}：{message}",
+    "on {world_size} ranks, no forward ran through a module fully_shard had made: the model is replicated, not "
+    "sharded (call fully_shard on each of model.model.layers, then on the model, before training)":
+        "在 {world_size} 个 rank 上，没有一次前向经过 fully_shard 生成的模块：模型是被复制，而不是被分片"
+        "（训练前先对 model.model.layers 的每一层调用 fully_shard，再对模型调用）",
+    "on {world_size} ranks, {missing} of the model's {blocks} decoder layers ran without being FSDP units of their "
+    "own: fully_shard was called on the model's root only (or on some layers), so each forward gathers the whole "
+    "model at once and sharding saves no peak memory (chapter 04). Call fully_shard on each of model.model.layers "
+    "first, then on the model":
+        "在 {world_size} 个 rank 上，模型的 {blocks} 个解码器层中有 {missing} 个运行时不是独立的 FSDP 单元："
+        "fully_shard 只对模型的根（或部分层）调用了，所以每次前向都一次性收集整个模型，分片省不下峰值显存"
+        "（第 04 章）。先对 model.model.layers 的每一层调用 fully_shard，再对模型调用",
+    "on {world_size} ranks: expected a list of {steps} losses from every rank, got {got!r:.120}":
+        "在 {world_size} 个 rank 上：每个 rank 应返回 {steps} 个损失组成的列表，得到 {got!r:.120}",
+    "it is {world_size} times the loop's: each rank's loss was summed over ranks (an all_reduce with SUM). Return "
+    "each rank's own loss: the check averages them":
+        "它是循环的 {world_size} 倍：每个 rank 的损失在各 rank 上求了和（SUM 的 all_reduce）。"
+        "返回每个 rank 自己的损失：检查会求平均",
+    "{what}: loss {i} (the ranks' mean) is {got:.7f}, the single-process loop's is {want:.7f}; {hint}":
+        "{what}：第 {i} 个损失（各 rank 的平均）是 {got:.7f}，单进程循环的是 {want:.7f}；{hint}",
+    "fn must be the function you wrote; got {type}": "fn 必须是你写的函数；得到的是 {type}",
+    "resume_world_size must differ from world_size (both {world_size}): the point is resharding":
+        "resume_world_size 必须与 world_size 不同（两者都是 {world_size}）：要点就在于重新分片",
+    "{name} must be an int ≥ 2 dividing the batch of {batch}; got {n!r}":
+        "{name} 必须是 ≥ 2 且能整除批大小 {batch} 的 int；得到 {n!r}",
+    "on {world_size} ranks, steps 0–{last}": "在 {world_size} 个 rank 上，第 0–{last} 步",
+    "the first step already differs: start from tiny_llama(heads=4, kv_heads=4, seed=0), as the loop does":
+        "第一步就不同：像循环那样，从 tiny_llama(heads=4, kv_heads=4, seed=0) 开始",
+    "the first step matches, a later one does not, so the update differs: build the optimizer after fully_shard "
+    "(before it, it holds the parameters fully_shard replaced), with the loop's lr and momentum":
+        "第一步一致，后面某一步不一致，所以是更新不同：在 fully_shard 之后再创建优化器"
+        "（在它之前创建，优化器持有的是被 fully_shard 替换掉的参数），并使用循环的 lr 和 momentum",
+    "the checkpoint at save_to should hold one .distcp file per rank ({world_size}) and a .metadata file "
+    "(torch.distributed.checkpoint.save on every rank); found {files}":
+        "save_to 处的检查点应当每个 rank 有一个 .distcp 文件（{world_size} 个），外加一个 .metadata 文件"
+        "（每个 rank 上都调用 torch.distributed.checkpoint.save）；实际找到 {files}",
+    "the checkpoint holds no optimizer state (no momentum buffers): save the optimizer's state dict too "
+    "(get_state_dict(model, opt)), or the resumed run restarts its momentum from zero":
+        "检查点里没有优化器状态（没有 momentum buffer）：把优化器的 state dict 也保存下来"
+        "（get_state_dict(model, opt)），否则恢复后的运行会从零重新开始累积动量",
+    "resumed on {resume_world_size} ranks from your checkpoint, which the check altered (weights × {weights}, "
+    "momentum × {momentum}), steps {half}–{last}":
+        "在 {resume_world_size} 个 rank 上从你的检查点恢复（检查改动过它：权重 × {weights}，动量 × {momentum}），"
+        "第 {half}–{last} 步",
+    "the first resumed step is not the checkpoint's weights: does load_from load the model's state (dcp.load, then "
+    "set_state_dict), rather than replay the first steps?":
+        "恢复后的第一步用的不是检查点的权重：load_from 是否加载了模型的状态（dcp.load，再 set_state_dict），"
+        "而不是重放前几步？",
+    "the first resumed step matches, so the weights were loaded, but a later one does not: load the optimizer's "
+    "state too (set_state_dict's optim_state_dict), or its momentum restarts":
+        "恢复后的第一步一致，说明权重已加载，但后面某一步不一致：把优化器的状态也加载进来"
+        "（set_state_dict 的 optim_state_dict），否则它的动量会从头开始",
+    "{steps} losses equal the single-process loop's: {half} steps on {world_size} ranks, saved as {world_size} "
+    "shards, resumed from them on {resume_world_size} ranks, each rank on its shard of every batch":
+        "{steps} 个损失与单进程循环的相同：在 {world_size} 个 rank 上训练 {half} 步，保存为 {world_size} 个分片，"
+        "再从这些分片在 {resume_world_size} 个 rank 上恢复，每个 rank 都只用每个批次中属于自己的分片",
+
+    # -- chapter 09: the culprit of a hang, MFU --------------------------------------------------------------
+    "at #{seq} rank {rank}'s record has ended while the others' go on: it left the loop early. A record that ended "
+    "counts as a different record, so the records differ at #{seq} (a loop over the shortest record, or over the "
+    "ranks that still have one, never sees it)":
+        "在 #{seq} 处，rank {rank} 的记录已经结束，而其他 rank 的还在继续：它提前离开了循环。已结束的记录也算作不同的记录，"
+        "所以各记录在 #{seq} 处不同（只遍历最短的记录，或只遍历仍有记录的 rank 的循环，永远看不到这一点）",
+    "at #{seq} every rank issued {op} of '{what}', but rank {rank}'s carries {numel} elements: compare the size too":
+        "在 #{seq} 处，每个 rank 都发出了 '{what}' 的 {op}，但 rank {rank} 的带有 {numel} 个元素：大小也要比较",
+    "return a tuple (sequence number, rank) of two ints; got {got!r:.60}":
+        "请返回由两个 int 组成的元组（序号，rank）；得到 {got!r:.60}",
+    "you named rank {named}, whose record stops earliest. A rank's record stops where it waits for the others: that "
+    "rank is stuck, not wrong. Name the rank whose record at the divergence differs from the others'":
+        "你指出的是 rank {named}，它的记录最早停下。一个 rank 的记录停在它等待其他 rank 的地方：这个 rank 是卡住了，"
+        "而不是出错了。请指出在分歧处记录与其他 rank 不同的那个 rank",
+    "the records first differ at #{seq}, you returned #{got}: the first difference is the evidence":
+        "各记录最早在 #{seq} 处不同，你返回的是 #{got}：第一个不同之处才是证据",
+    "the records are still equal at #{got}; they first differ at #{seq}": "各记录在 #{got} 处仍然相同；它们最早在 #{seq} 处不同",
+    "right place (#{seq}), wrong rank: rank {rank}'s record there differs from the most common one; rank {named}'s "
+    "is like the others'":
+        "位置对了（#{seq}），rank 错了：rank {rank} 在那里的记录与最常见的记录不同；rank {named} 的和其他 rank 一样",
+    "this exercise asks you to find the divergence yourself; the chapter's own functions are refused":
+        "本练习要你自己找出分歧；本章自己的函数会被拒绝",
+    "{fn} on these records:\n{shown}\nreturned {got!r}, expected {want!r}: {hint}":
+        "{fn} 在这些记录上：\n{shown}\n返回了 {got!r}，应为 {want!r}：{hint}",
+    "{fn} names where the records diverge and who took another path, in {count} hangs":
+        "{fn} 在 {count} 次挂起中都指出了记录分歧的位置，以及是谁走了另一条路",
+    "you counted the forward's FLOPs only (2Ψ per token). Backward costs twice the forward (a product for the "
+    "input's gradient and one for the weight's): 6Ψ per token, and attention's 12·L·H·Q·T covers both passes too":
+        "你只算了前向的 FLOPs（每个 token 2Ψ）。反向的开销是前向的两倍（一次乘积求输入的梯度，一次求权重的梯度）："
+        "每个 token 6Ψ，注意力的 12·L·H·Q·T 也涵盖了前向和反向",
+    "you divided by one chip's peak. The tokens per second are the whole job's: divide by all {chips:,} chips' peak":
+        "你除以的是一块芯片的峰值。每秒 token 数是整个作业的：要除以全部 {chips:,} 块芯片的峰值",
+    "you divided by the chips twice: the tokens per second are already the whole job's":
+        "你除了两次芯片数：每秒 token 数已经是整个作业的了",
+    "you left out attention: its two products per layer cost 12·L·H·Q·T FLOPs per token (forward and backward), "
+    "which 6Ψ does not count":
+        "你漏掉了注意力：它每层的两次乘积每个 token 要花 12·L·H·Q·T FLOPs（前向加反向），6Ψ 没有算进去",
+    "return a fraction (0.46), not a percentage (46)": "请返回小数（0.46），而不是百分数（46）",
+    "this exercise asks you to do the arithmetic yourself; the chapter's own functions are refused":
+        "本练习要你自己算；本章自己的函数会被拒绝",
+    "{fn}({shown}) returned {got!r:.60}: return a number, the MFU as a fraction":
+        "{fn}({shown}) 返回了 {got!r:.60}：请返回一个数，即以小数表示的 MFU",
+    "MFU is the model's FLOPs per second over the peak of every chip the job ran on":
+        "MFU 是模型每秒的 FLOPs 除以作业所用全部芯片的峰值",
+    "{fn}({shown}) returned {got:.6g}, expected {want:.6g}: {hint}": "{fn}({shown}) 返回了 {got:.6g}，应为 {want:.6g}：{hint}",
+    "{fn} gives PaLM 540B's reported {mfu:.1%} MFU, and {count} fresh runs'":
+        "{fn} 给出了 PaLM 540B 报告的 {mfu:.1%} MFU，以及 {count} 次新运行的 MFU",
 }

@@ -119,7 +119,7 @@ MESSAGES: dict[str, str] = {
     "{shape}":
         "{fn}({args})：应返回字节数的 dict {{'params': ..., 'grads': ..., 'optimizer': ...}}，得到 {got!r:.80}{shape}",
     "{fn}({args}): ": "{fn}({args})：",
-    "; ": "；",
+    # "; " is in zh_launch (the launcher says it too)
     "{part} expected {expected:.3f} GB, got {got:.3f} GB": "{part} 应为 {expected:.3f} GB，得到 {got:.3f} GB",
     "{fn} agrees with estimate_memory, part by part, on all {count} layouts":
         "{fn} 在全部 {count} 种布局上都与 estimate_memory 逐项一致",

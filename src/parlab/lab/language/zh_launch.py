@@ -66,4 +66,33 @@ MESSAGES: dict[str, str] = {
         "parlab：正在等待 {gpus} 中的 {world_size} 个空闲 GPU（最多 {wait:g} s），{place}。{holders}",
     "parlab: now {place} for {world_size} GPU(s) (waited {waited:.0f} s)":
         "parlab：为 {world_size} 个 GPU 现在{place}（已等待 {waited:.0f} s）",
+    # -- a launch's arguments (launcher.py, plan.py) ---------------------------------------------------------
+    "world_size must be an int (the number of ranks, e.g. 2 or 4); got {type} {value!r}":
+        "world_size 必须是 int（rank 的个数，例如 2 或 4）；得到 {type} {value!r}",
+    "world_size must be at least 1 (the number of ranks, e.g. 2 or 4); got {value}":
+        "world_size 至少为 1（rank 的个数，例如 2 或 4）；得到 {value}",
+    "backend must be one of {allowed}; got {backend!r}": "backend 必须是 {allowed} 之一；得到 {backend!r}",
+    "timeout must be a positive number of seconds; got {timeout!r}": "timeout 必须是正的秒数；得到 {timeout!r}",
+    "threads must be a positive int (CPU threads per rank) or None; got {threads!r}":
+        "threads 必须是正的 int（每个 rank 的 CPU 线程数）或 None；得到 {threads!r}",
+    "world_size={world_size} would start {world_size} processes on a machine with {cores} CPU core(s); parlab "
+    "allows at most {most} CPU ranks here, since each rank holds its own copy of the model and they would only fight "
+    "for the cores. Use a smaller world_size, or set the environment variable PARLAB_MAX_RANKS to raise the limit.":
+        "world_size={world_size} 会在一台只有 {cores} 个 CPU 核的机器上启动 {world_size} 个进程；parlab 在这里最多允许 "
+        "{most} 个 CPU rank，因为每个 rank 都持有自己的一份模型，它们只会争抢 CPU 核。请用更小的 world_size，"
+        "或设置环境变量 PARLAB_MAX_RANKS 来提高上限。",
+    "{fn} or its arguments cannot be sent to the ranks ({type}: {error}). Functions, classes, tensors and plain "
+    "values travel; open files, sockets, locks and generators do not.":
+        "{fn} 或它的参数无法发送给各 rank（{type}：{error}）。函数、类、张量和普通的值可以传过去；"
+        "打开的文件、socket、锁和生成器不行。",
+    "fn must be callable: a function each rank runs, like `def work(): ...`; got {type} {fn!r:.60}":
+        "fn 必须是可调用的：每个 rank 运行的函数，比如 `def work(): ...`；得到 {type} {fn!r:.60}",
+    "output must be one of {allowed}; got {output!r}": "output 必须是 {allowed} 之一；得到 {output!r}",
+    "kwargs must be a dict or None; got {type}": "kwargs 必须是 dict 或 None；得到 {type}",
+    "args must be a tuple or list of positional arguments; got {type}": "args 必须是由位置参数组成的 tuple 或 list；得到 {type}",
+    "start_method must be one of {allowed} or None (this platform's default, {default!r}); got {start_method!r}":
+        "start_method 必须是 {allowed} 之一，或 None（本平台的默认值 {default!r}）；得到 {start_method!r}",
+    "start_method='zygote' forks the ranks, and this platform cannot fork; use start_method='spawn' (the default "
+    "here)":
+        "start_method='zygote' 用 fork 启动各 rank，而本平台不能 fork；请用 start_method='spawn'（这里的默认值）",
 }

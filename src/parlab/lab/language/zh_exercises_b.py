@@ -63,9 +63,9 @@ MESSAGES: dict[str, str] = {
     "each message costs a fixed time (chapter 02's α) while the operations shrink as m grows":
         "每条消息都有固定的耗时（第 02 章的 α），而操作随 m 增大而变短",
     "more micro-batches mean more activations to hold, and memory is slow":
-        "微批次越多，要保存的激活值越多，而内存很慢",
+        "微批次越多，要保存的激活值越多，而显存很慢",
     "1F1B holds at most p micro-batches' activations whatever m is: memory does not grow with m.":
-        "无论 m 多大，1F1B 最多保存 p 个微批次的激活值：内存不随 m 增长。",
+        "无论 m 多大，1F1B 最多保存 p 个微批次的激活值：显存不随 m 增长。",
     "the formula (p − 1)/(m + p − 1) is wrong for large m": "公式 (p − 1)/(m + p − 1) 在 m 很大时是错的",
     "The simulator with comm=0 gives the formula exactly; what does comm=1 add to every boundary?":
         "comm=0 时模拟器给出的正是这个公式；comm=1 给每个边界添了什么？",
@@ -282,7 +282,7 @@ MESSAGES: dict[str, str] = {
     "{fn} on these records:\n{shown}\nreturned {got!r}, expected {want!r}: {hint}":
         "{fn} 在这些记录上：\n{shown}\n返回了 {got!r}，应为 {want!r}：{hint}",
     "{fn} names where the records diverge and who took another path, in {count} hangs":
-        "{fn} 在 {count} 次挂起中都指出了记录分歧的位置，以及是谁走了另一条路",
+        "{fn} 在 {count} 次卡死中都指出了记录分歧的位置，以及是谁走了另一条路",
     "you counted the forward's FLOPs only (2Ψ per token). Backward costs twice the forward (a product for the "
     "input's gradient and one for the weight's): 6Ψ per token, and attention's 12·L·H·Q·T covers both passes too":
         "你只算了前向的 FLOPs（每个 token 2Ψ）。反向的开销是前向的两倍（一次乘积求输入的梯度，一次求权重的梯度）："

@@ -91,7 +91,7 @@ def check_online_softmax_combine(fn, world_size: int = 2) -> Passed:
     except ExerciseFailed as refused:
         problem = str(refused)
     if problem:
-        raise ExerciseFailed(f"{_name(fn)}: {problem}")
+        raise ExerciseFailed(say("{fn}: {problem}", fn=_name(fn), problem=problem))
     results = parlab.launch(_ring_with, world_size=world_size, args=(fn,), output="none", announce=False)
     for rank, res in enumerate(results):
         if res["problem"]:

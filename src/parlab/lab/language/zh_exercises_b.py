@@ -323,6 +323,7 @@ MESSAGES: dict[str, str] = {
         "m + log l 不是两个块的分数的 log-sum-exp：{problem}",
     "write the online-softmax rule yourself, from the two blocks' m, l and acc":
         "请根据两个块的 m、l 和 acc，自己写出 online softmax 的规则",
+    "{fn}: {problem}": "{fn}：{problem}",
     "{fn} on rank {rank} of {world_size}: {problem}": "{fn} 在 rank {rank}（共 {world_size} 个）上：{problem}",
     "{fn}: two blocks combine exactly, and ring attention with it matches full attention on all {world_size} ranks":
         "{fn}：两个块合并得分毫不差，用它的环形注意力在全部 {world_size} 个 rank 上都与完整注意力一致",

@@ -7,6 +7,7 @@ function runs, the package's own answer to the same question is refused (``core.
 from __future__ import annotations
 
 from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _grading, _name, refusing
+from parlab.lab.language import say
 
 MESHES = [{"pp": 1, "dp": 4, "tp": 2}, {"pp": 2, "dp": 2, "tp": 2}, {"pp": 2, "dp": 3, "tp": 2},
           {"pp": 3, "dp": 1, "tp": 4}, {"pp": 4, "dp": 2, "tp": 1}, {"pp": 2, "dp": 1, "tp": 1}]
@@ -28,16 +29,19 @@ def check_group_ranks(fn) -> Passed:
         for rank in range(topo.world_size):
             for axis in ("pp", "dp", "tp"):
                 expected = topo.group_ranks(axis, rank)
-                with refusing("ch07.1", "the exercise asks for the groups worked out from the axis order, "
-                              "without parlab.lab.parallel.Topology: what is the stride of each axis?"):
+                with refusing("ch07.1", say("the exercise asks for the groups worked out from the axis order, "
+                                            "without parlab.lab.parallel.Topology: what is the stride of each "
+                                            "axis?")):
                     got = _call(fn, rank=rank, axis=axis, sizes=dict(sizes))
                 answers.append(((rank, axis, sizes), expected, got))
     count = len(answers)
     for (rank, axis, sizes), expected, got in answers:
         if _sorted(got) != expected:
-            raise ExerciseFailed(f"{_name(fn)}({_args(dict(rank=rank, axis=axis, sizes=sizes))}): expected "
-                                 f"{expected}, got {got!r:.80}. {_group_hint(answers)}")
-    return Passed(f"{_name(fn)} finds all {count} groups of {len(MESHES)} meshes")
+            raise ExerciseFailed(say("{fn}({args}): expected {expected}, got {got!r:.80}. {hint}", fn=_name(fn),
+                                     args=_args(dict(rank=rank, axis=axis, sizes=sizes)), expected=expected,
+                                     got=got, hint=_group_hint(answers)))
+    return Passed(say("{fn} finds all {count} groups of {meshes} meshes", fn=_name(fn), count=count,
+                      meshes=len(MESHES)))
 
 
 def _strided(rank: int, axis: str, sizes: dict, order=("pp", "dp", "tp")) -> list[int]:
@@ -57,17 +61,18 @@ def _sorted(got):
         return None
 
 
-#: Exercise 07.1's known mistakes: (the groups it gives, what to say).
+#: Exercise 07.1's known mistakes: (the groups it gives, what to say: said when shown, in the learner's language).
 GROUP_MISTAKES = (
     (lambda rank, axis, sizes: [rank // sizes[axis] * sizes[axis] + i for i in range(sizes[axis])],
-     "Every axis taken as blocks of consecutive ranks: only tp, the innermost axis, is contiguous. Ranks one "
-     "step apart on an axis are its stride apart: dp's stride is the tp size, pp's tp × dp."),
+     lambda: say("Every axis taken as blocks of consecutive ranks: only tp, the innermost axis, is contiguous. "
+                 "Ranks one step apart on an axis are its stride apart: dp's stride is the tp size, pp's tp × dp.")),
     (lambda rank, axis, sizes: _strided(rank, axis, sizes, order=("tp", "dp", "pp")),
-     "The axes in reverse order: pp is the outermost axis (largest stride), tp the innermost (stride 1)."),
+     lambda: say("The axes in reverse order: pp is the outermost axis (largest stride), tp the innermost "
+                 "(stride 1).")),
     (lambda rank, axis, sizes: list(range(sizes[axis])),
-     "Those are the coordinates along the axis (0 to size − 1), not the ranks that hold them."),
+     lambda: say("Those are the coordinates along the axis (0 to size − 1), not the ranks that hold them.")),
     (lambda rank, axis, sizes: [r for r in _strided(rank, axis, sizes) if r != rank],
-     "The group includes the rank itself."),
+     lambda: say("The group includes the rank itself.")),
 )
 
 
@@ -76,12 +81,12 @@ def _group_hint(answers) -> str:
     group is found."""
     got = [_sorted(g) for _, _, g in answers]
     if any(g is None for g in got):
-        return "Return a list of ranks (ints)."
+        return say("Return a list of ranks (ints).")
     for mistake, hint in GROUP_MISTAKES:
         if all(g == sorted(mistake(*case)) for g, (case, _, _) in zip(got, answers)):
-            return hint
-    return ("A group is the ranks whose coordinates differ from rank's on this axis alone; an axis's stride is "
-            "the product of the sizes of the axes inside it (tp innermost).")
+            return hint()
+    return say("A group is the ranks whose coordinates differ from rank's on this axis alone; an axis's stride is "
+               "the product of the sizes of the axes inside it (tp innermost).")
 
 
 STATE_CASES = [dict(num_params=p, dp=dp, tp=tp, pp=pp, zero_stage=z)
@@ -119,22 +124,26 @@ def check_model_states(fn) -> Passed:
     gradients (2 bytes each) pass."""
     for case in STATE_CASES:
         expected = _model_states(**case)
-        with refusing("ch07.2", "the exercise asks for the bytes counted yourself, without estimate_memory or "
-                      "the planner: bytes per parameter for weights, gradients, Adam; which are divided by what?"):
+        with refusing("ch07.2", say("the exercise asks for the bytes counted yourself, without estimate_memory "
+                                    "or the planner: bytes per parameter for weights, gradients, Adam; which are "
+                                    "divided by what?")):
             got = _call(fn, **case)
         parts = _parts(got)
         if parts is None:
-            shape = (" (that is one number: the check compares each part, since two wrong parts can sum to the "
-                     "right total)") if isinstance(got, (int, float)) else ""
-            raise ExerciseFailed(f"{_name(fn)}({_args(case)}): expected a dict of bytes "
-                                 f"{{'params': ..., 'grads': ..., 'optimizer': ...}}, got {got!r:.80}{shape}")
+            shape = say(" (that is one number: the check compares each part, since two wrong parts can sum to "
+                        "the right total)") if isinstance(got, (int, float)) else ""
+            raise ExerciseFailed(say("{fn}({args}): expected a dict of bytes {{'params': ..., 'grads': ..., "
+                                     "'optimizer': ...}}, got {got!r:.80}{shape}", fn=_name(fn), args=_args(case),
+                                     got=got, shape=shape))
         wrong = [part for part in PARTS if abs(parts[part] - expected[part]) > 0.01 * expected[part]]
         if wrong:
-            raise ExerciseFailed(f"{_name(fn)}({_args(case)}): "
-                                 + "; ".join(f"{part} expected {expected[part] / 1e9:.3f} GB, got "
-                                             f"{parts[part] / 1e9:.3f} GB" for part in wrong)
+            raise ExerciseFailed(say("{fn}({args}): ", fn=_name(fn), args=_args(case))
+                                 + say("; ").join(say("{part} expected {expected:.3f} GB, got {got:.3f} GB",
+                                                      part=part, expected=expected[part] / 1e9,
+                                                      got=parts[part] / 1e9) for part in wrong)
                                  + _states_hint(parts, **case))
-    return Passed(f"{_name(fn)} agrees with estimate_memory, part by part, on all {len(STATE_CASES)} layouts")
+    return Passed(say("{fn} agrees with estimate_memory, part by part, on all {count} layouts", fn=_name(fn),
+                      count=len(STATE_CASES)))
 
 
 def _counted(num_params, dp, tp, pp, zero_stage, weights=2, grads=2, adam=12, over=None, split=None,
@@ -153,25 +162,29 @@ def _states_hint(got: dict, **case) -> str:
     ``""``."""
     world = case["dp"] * case["tp"] * case["pp"]
     known = [
-        (dict(over=world), "that is ZeRO sharding over all the ranks: it shards only over the dp axis"),
-        (dict(split=1), "that is the whole model on every rank: tp × pp ranks each hold 1/(tp·pp) of it"),
-        (dict(split=world), "that divides the model by every rank: the dp ranks are replicas, only tp × pp split it"),
-        (dict(adam=8), "that counts Adam as 8 bytes: with bf16 weights it keeps an fp32 master copy too, 12 in all"),
-        (dict(grads=4), "that counts gradients as fp32: here they are bf16, 2 bytes each"),
-        (dict(stages=(9, 9, 9)), "that ignores zero_stage: ZeRO-1 shards the optimizer state, 2 the gradients, "
-         "3 the weights"),
-        (dict(stages=(1, 3, 2)), "that shards the weights at ZeRO-2 instead of the gradients: ZeRO-2 shards the "
-         "gradients (and the optimizer state); the weights stay whole until ZeRO-3"),
-        (dict(stages=(0, 1, 2)), "that shards one stage too early: ZeRO-1 shards only the optimizer state, "
-         "ZeRO-2 adds the gradients, ZeRO-3 the weights"),
-        (dict(stages=(1, 1, 1)), "that shards everything from ZeRO-1 on: stage 1 shards only the optimizer state"),
+        (dict(over=world), say("that is ZeRO sharding over all the ranks: it shards only over the dp axis")),
+        (dict(split=1), say("that is the whole model on every rank: tp × pp ranks each hold 1/(tp·pp) of it")),
+        (dict(split=world), say("that divides the model by every rank: the dp ranks are replicas, only tp × pp "
+                                "split it")),
+        (dict(adam=8), say("that counts Adam as 8 bytes: with bf16 weights it keeps an fp32 master copy too, 12 in "
+                           "all")),
+        (dict(grads=4), say("that counts gradients as fp32: here they are bf16, 2 bytes each")),
+        (dict(stages=(9, 9, 9)), say("that ignores zero_stage: ZeRO-1 shards the optimizer state, 2 the "
+                                     "gradients, 3 the weights")),
+        (dict(stages=(1, 3, 2)), say("that shards the weights at ZeRO-2 instead of the gradients: ZeRO-2 shards "
+                                     "the gradients (and the optimizer state); the weights stay whole until "
+                                     "ZeRO-3")),
+        (dict(stages=(0, 1, 2)), say("that shards one stage too early: ZeRO-1 shards only the optimizer state, "
+                                     "ZeRO-2 adds the gradients, ZeRO-3 the weights")),
+        (dict(stages=(1, 1, 1)), say("that shards everything from ZeRO-1 on: stage 1 shards only the optimizer "
+                                     "state")),
     ]
     right = _counted(**case)
     for change, hint in known:
         wrong = _counted(**case, **change)
         if (all(abs(got[p] - wrong[p]) <= 0.01 * wrong[p] for p in PARTS)
                 and any(abs(wrong[p] - right[p]) > 0.01 * right[p] for p in PARTS)):
-            return f" ({hint})"
+            return say(" ({hints})", hints=hint)
     return ""
 
 
@@ -264,34 +277,39 @@ def check_layout_choice(fn, tolerance: float = 0.1, budget: int = PRICE_BUDGET, 
     from parlab.decide import planner
     seed = random.randrange(10**6) if seed is None else seed  # printed on failure: the same draw again
     drawn = scenarios(count, seed)
-    again = f"check_layout_choice({_name(fn)}, seed={seed}) draws these {count} scenarios again"
+    again = say("check_layout_choice({fn}, seed={seed}) draws these {count} scenarios again", fn=_name(fn),
+                seed=seed, count=count)
     for index, (description, workload, cluster) in enumerate(drawn):
-        where = f"{_name(fn)} for scenario {index + 1} of {count} ({description}; {again})"
+        where = say("{fn} for scenario {index} of {count} ({description}; {again})", fn=_name(fn), index=index + 1,
+                    count=count, description=description, again=again)
         priced = []
 
         def price(layout):
             if not isinstance(layout, planner.Layout):
-                raise ExerciseFailed(f"{where}: price takes a parlab.decide.planner.Layout, got {layout!r:.80}")
+                raise ExerciseFailed(say("{where}: price takes a parlab.decide.planner.Layout, got {layout!r:.80}",
+                                         where=where, layout=layout))
             if layout not in priced:  # pricing one layout twice costs once
                 priced.append(layout)
             if len(priced) > budget:
-                raise ExerciseFailed(f"{where}: priced {len(priced)} layouts ({', '.join(map(str, priced))}); the "
-                                     f"budget is {budget}. Rule out first: what fits in "
-                                     f"{cluster.gpu.memory / 1e9:.0f} GB, which axes may cross the links between "
-                                     f"GPUs and between nodes; then price the few that are left.")
+                raise ExerciseFailed(say("{where}: priced {count} layouts ({layouts}); the budget is {budget}. "
+                                         "Rule out first: what fits in {memory:.0f} GB, which axes may cross the "
+                                         "links between GPUs and between nodes; then price the few that are left.",
+                                         where=where, count=len(priced), layouts=', '.join(map(str, priced)),
+                                         budget=budget, memory=cluster.gpu.memory / 1e9))
             try:
                 with _grading():  # the check's own pricing, called from the learner's function
                     return planner.predict(workload, layout, cluster)
             except ValueError as error:
                 raise ExerciseFailed(f"{where}: price({layout}): {error}") from None
 
-        with refusing("ch07.3", "the exercise asks you to choose by the guide's rules and memory arithmetic, "
-                              f"pricing at most {budget} layouts with the price argument, without the "
-                              "planner's predict or candidates"):
+        with refusing("ch07.3", say("the exercise asks you to choose by the guide's rules and memory arithmetic, "
+                                    "pricing at most {budget} layouts with the price argument, without the "
+                                    "planner's predict or candidates", budget=budget)):
             got = _call(fn, workload=workload, cluster=cluster, price=price)
         _judge(got, workload, cluster, where, tolerance)
-    return Passed(f"{_name(fn)} picks a fitting layout within {tolerance:.0%} of the fastest in {len(drawn)} "
-                  f"scenarios drawn afresh (seed={seed}), pricing at most {budget} layouts in each")
+    return Passed(say("{fn} picks a fitting layout within {tolerance:.0%} of the fastest in {count} scenarios drawn "
+                      "afresh (seed={seed}), pricing at most {budget} layouts in each", fn=_name(fn),
+                      tolerance=tolerance, count=len(drawn), seed=seed, budget=budget))
 
 
 def _judge(got, workload, cluster, where: str, tolerance: float) -> None:
@@ -299,21 +317,25 @@ def _judge(got, workload, cluster, where: str, tolerance: float) -> None:
     within ``tolerance`` of the fastest such layout."""
     from parlab.decide import planner
     if not isinstance(got, planner.Layout):
-        raise ExerciseFailed(f"{where}: expected a parlab.decide.planner.Layout, got {got!r:.80}")
+        raise ExerciseFailed(say("{where}: expected a parlab.decide.planner.Layout, got {got!r:.80}", where=where,
+                                 got=got))
     if got.dp * got.tp * got.pp != cluster.world_size:
-        raise ExerciseFailed(f"{where}: {got} uses {got.dp * got.tp * got.pp} GPUs; the cluster has "
-                             f"{cluster.world_size}")
+        raise ExerciseFailed(say("{where}: {got} uses {used} GPUs; the cluster has {world_size}", where=where,
+                                 got=got, used=got.dp * got.tp * got.pp, world_size=cluster.world_size))
     if got.tp > cluster.gpus_per_node:
-        raise ExerciseFailed(f"{where}: TP {got.tp} spans nodes of {cluster.gpus_per_node} GPUs")
+        raise ExerciseFailed(say("{where}: TP {tp} spans nodes of {per_node} GPUs", where=where, tp=got.tp,
+                                 per_node=cluster.gpus_per_node))
     try:
         mine = planner.predict(workload, got, cluster)
     except ValueError as error:
-        raise ExerciseFailed(f"{where}: {got} is not a layout of this batch: {error}") from None
+        raise ExerciseFailed(say("{where}: {got} is not a layout of this batch: {error}", where=where, got=got,
+                                 error=error)) from None
     best = next(p for p in planner.candidates(workload, cluster) if p.fits and p.layout.tp <= cluster.gpus_per_node)
     if not mine.fits:
-        raise ExerciseFailed(f"{where}: {got} needs {mine.memory.total / 1e9:.1f} GB per GPU; it has "
-                             f"{cluster.gpu.memory / 1e9:.0f} GB")
+        raise ExerciseFailed(say("{where}: {got} needs {needs:.1f} GB per GPU; it has {has:.0f} GB", where=where,
+                                 got=got, needs=mine.memory.total / 1e9, has=cluster.gpu.memory / 1e9))
     if mine.step_s > (1 + tolerance) * best.step_s:
-        raise ExerciseFailed(f"{where}: {got} fits but takes {mine.step_s:.2f} s per step (predicted); "
-                             f"a layout that fits takes {best.step_s:.2f} s. Where does yours lose time? "
+        raise ExerciseFailed(say("{where}: {got} fits but takes {mine:.2f} s per step (predicted); a layout that "
+                                 "fits takes {best:.2f} s. Where does yours lose time? ", where=where, got=got,
+                                 mine=mine.step_s, best=best.step_s)
                              + ", ".join(f"{k} {v:.2f} s" for k, v in mine.parts.items() if v > 0))

@@ -22,6 +22,7 @@ import sys
 
 from parlab.course.exercises.core import ExerciseFailed, Passed, _call, _name, without
 from parlab.lab.job import debug, mfu
+from parlab.lab.language import say
 
 GRADIENTS = 72  # elements of the gradient all-reduce in the chapter's loop
 
@@ -90,47 +91,50 @@ def _hint(got, want, records) -> str:
     seq, rank = want
     ended = [r for r, recs in enumerate(records) if len(recs) == seq]
     if ended and (not isinstance(got, tuple) or got[:1] != (seq,)):
-        return (f"at #{seq} rank {ended[0]}'s record has ended while the others' go on: it left the loop early. "
-                f"A record that ended counts as a different record, so the records differ at #{seq} (a loop over "
-                f"the shortest record, or over the ranks that still have one, never sees it)")
+        return say("at #{seq} rank {rank}'s record has ended while the others' go on: it left the loop early. A "
+                   "record that ended counts as a different record, so the records differ at #{seq} (a loop over the "
+                   "shortest record, or over the ranks that still have one, never sees it)", seq=seq, rank=ended[0])
     same_ops = all(len({(r[s]["op"], r[s]["what"]) if s < len(r) else None for r in records}) == 1
                    for s in range(seq + 1))
     if same_ops and (got is None or got[0] != seq):
-        return (f"at #{seq} every rank issued {records[0][seq]['op']} of '{records[0][seq]['what']}', but rank "
-                f"{rank}'s carries {records[rank][seq]['numel']} elements: compare the size too")
+        return say("at #{seq} every rank issued {op} of '{what}', but rank {rank}'s carries {numel} elements: "
+                   "compare the size too", seq=seq, op=records[0][seq]['op'], what=records[0][seq]['what'],
+                   rank=rank, numel=records[rank][seq]['numel'])
     if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)):
-        return f"return a tuple (sequence number, rank) of two ints; got {got!r:.60}"
+        return say("return a tuple (sequence number, rank) of two ints; got {got!r:.60}", got=got)
     shortest = min(range(len(records)), key=lambda r: len(records[r]))
     if got[1] == shortest and got[1] != rank:
-        return (f"you named rank {got[1]}, whose record stops earliest. A rank's record stops where it waits for "
-                f"the others: that rank is stuck, not wrong. Name the rank whose record at the divergence "
-                f"differs from the others'")
+        return say("you named rank {named}, whose record stops earliest. A rank's record stops where it waits for "
+                   "the others: that rank is stuck, not wrong. Name the rank whose record at the divergence differs "
+                   "from the others'", named=got[1])
     if got[0] != seq:
         if got[0] > seq:
-            return f"the records first differ at #{seq}, you returned #{got[0]}: the first difference is the evidence"
-        return f"the records are still equal at #{got[0]}; they first differ at #{seq}"
-    return (f"right place (#{seq}), wrong rank: rank {rank}'s record there differs from the most common one; "
-            f"rank {got[1]}'s is like the others'")
+            return say("the records first differ at #{seq}, you returned #{got}: the first difference is the "
+                       "evidence", seq=seq, got=got[0])
+        return say("the records are still equal at #{got}; they first differ at #{seq}", got=got[0], seq=seq)
+    return say("right place (#{seq}), wrong rank: rank {rank}'s record there differs from the most common one; "
+               "rank {named}'s is like the others'", seq=seq, rank=rank, named=got[1])
 
 
 def check_culprit(fn, seed: int | None = None) -> Passed:
     """Chapter 09's exercise: ``fn(records)`` → ``(seq, rank)``: where the ranks' records first diverge and
     the rank whose record there differs from the others'."""
     if not callable(fn):
-        raise TypeError(f"fn must be the function you wrote; got {type(fn).__name__}")
+        raise TypeError(say("fn must be the function you wrote; got {type}", type=type(fn).__name__))
     rng = random.Random(seed)
     cases = list(_cases(rng))
     for records in cases:
         want = reference_culprit(records)
-        why = "this exercise asks you to find the divergence yourself; the chapter's own functions are refused"
+        why = say("this exercise asks you to find the divergence yourself; the chapter's own functions are refused")
         with without(debug, ["divergence"], why), without(sys.modules[__name__], ["reference_culprit"], why):
             got = _call(fn, [list(r) for r in records])
         if got != want:
             shown = "\n".join(f"  rank {r}: " + ", ".join(f"#{x['seq']} {x['op']}({x['numel']}, {x['what']})"
                                                          for x in recs) for r, recs in enumerate(records))
-            raise ExerciseFailed(f"{_name(fn)} on these records:\n{shown}\nreturned {got!r}, expected {want!r}: "
-                                 f"{_hint(got, want, records)}")
-    return Passed(f"{_name(fn)} names where the records diverge and who took another path, in {len(cases)} hangs")
+            raise ExerciseFailed(say("{fn} on these records:\n{shown}\nreturned {got!r}, expected {want!r}: {hint}",
+                                     fn=_name(fn), shown=shown, got=got, want=want, hint=_hint(got, want, records)))
+    return Passed(say("{fn} names where the records diverge and who took another path, in {count} hangs",
+                      fn=_name(fn), count=len(cases)))
 
 
 #: PaLM 540B's reported run (Chowdhery et al. 2022, "PaLM", Appendix B): 238.3K tokens per second for the whole
@@ -166,18 +170,18 @@ def _mfu_mistakes(case) -> dict:
     want = reference_mfu(*case.values())
     return {
         "forward only": ([(2 * n + attention / 3) * t / all_chips, (2 * n + attention) * t / all_chips],
-                         "you counted the forward's FLOPs only (2Ψ per token). Backward costs twice the forward "
-                         "(a product for the input's gradient and one for the weight's): 6Ψ per token, and "
-                         "attention's 12·L·H·Q·T covers both passes too"),
+                         say("you counted the forward's FLOPs only (2Ψ per token). Backward costs twice the forward "
+                             "(a product for the input's gradient and one for the weight's): 6Ψ per token, and "
+                             "attention's 12·L·H·Q·T covers both passes too")),
         "one chip": ([want * case["chips"]],
-                     f"you divided by one chip's peak. The tokens per second are the whole job's: divide by all "
-                     f"{case['chips']:,} chips' peak"),
+                     say("you divided by one chip's peak. The tokens per second are the whole job's: divide by all "
+                         "{chips:,} chips' peak", chips=case['chips'])),
         "chips twice": ([want / case["chips"]],
-                        "you divided by the chips twice: the tokens per second are already the whole job's"),
+                        say("you divided by the chips twice: the tokens per second are already the whole job's")),
         "no attention": ([6 * n * t / all_chips],
-                         "you left out attention: its two products per layer cost 12·L·H·Q·T FLOPs per token "
-                         "(forward and backward), which 6Ψ does not count"),
-        "percent": ([100 * want], "return a fraction (0.46), not a percentage (46)"),
+                         say("you left out attention: its two products per layer cost 12·L·H·Q·T FLOPs per token "
+                             "(forward and backward), which 6Ψ does not count")),
+        "percent": ([100 * want], say("return a fraction (0.46), not a percentage (46)")),
     }
 
 
@@ -186,10 +190,10 @@ def check_mfu(fn, seed: int | None = None) -> Passed:
     peak_flops)`` → the run's MFU as a fraction, called positionally, on PaLM 540B's reported run (46.2 %)
     and on fresh ones."""
     if not callable(fn):
-        raise TypeError(f"fn must be the function you wrote; got {type(fn).__name__}")
+        raise TypeError(say("fn must be the function you wrote; got {type}", type=type(fn).__name__))
     cases = list(_mfu_cases(random.Random(seed)))
     assert round(100 * reference_mfu(*cases[0].values()), 1) == 46.2  # the paper's number, from its own inputs
-    why = "this exercise asks you to do the arithmetic yourself; the chapter's own functions are refused"
+    why = say("this exercise asks you to do the arithmetic yourself; the chapter's own functions are refused")
     for case in cases:
         want = reference_mfu(*case.values())
         with without(mfu, ["utilization", "narayanan_flops"], why), \
@@ -197,12 +201,14 @@ def check_mfu(fn, seed: int | None = None) -> Passed:
             got = _call(fn, *case.values())
         shown = ", ".join(f"{k}={v:,.6g}" for k, v in case.items())
         if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
-            raise ExerciseFailed(f"{_name(fn)}({shown}) returned {got!r:.60}: return a number, the MFU as a fraction")
+            raise ExerciseFailed(say("{fn}({shown}) returned {got!r:.60}: return a number, the MFU as a fraction",
+                                     fn=_name(fn), shown=shown, got=got))
         if math.isclose(got, want, rel_tol=1e-6):
             continue
         hint = next((h for values, h in _mfu_mistakes(case).values()
                      if any(math.isclose(got, v, rel_tol=1e-6) for v in values)),
-                    "MFU is the model's FLOPs per second over the peak of every chip the job ran on")
-        raise ExerciseFailed(f"{_name(fn)}({shown}) returned {got:.6g}, expected {want:.6g}: {hint}")
-    return Passed(f"{_name(fn)} gives PaLM 540B's reported {reference_mfu(*cases[0].values()):.1%} MFU, and "
-                  f"{len(cases) - 1} fresh runs'")
+                    say("MFU is the model's FLOPs per second over the peak of every chip the job ran on"))
+        raise ExerciseFailed(say("{fn}({shown}) returned {got:.6g}, expected {want:.6g}: {hint}", fn=_name(fn),
+                                 shown=shown, got=got, want=want, hint=hint))
+    return Passed(say("{fn} gives PaLM 540B's reported {mfu:.1%} MFU, and {count} fresh runs'", fn=_name(fn),
+                      mfu=reference_mfu(*cases[0].values()), count=len(cases) - 1))

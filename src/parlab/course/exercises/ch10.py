@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import parlab
 from parlab.course.exercises.core import ExerciseFailed, Passed, _name, first_difference, refusing
+from parlab.lab.language import say
 
 B, HEADS, KV_HEADS, D, SEQ = 2, 4, 2, 8, 24
 
@@ -31,28 +32,31 @@ def _diagnose_two_blocks(fn) -> str | None:
     try:
         got = fn(m1, l1, a1, m2, l2, a2)
     except NotImplementedError:
-        return "combine is not written yet (it raises NotImplementedError)"
+        return say("combine is not written yet (it raises NotImplementedError)")
     except RuntimeError as error:
         if "ambiguous" not in str(error):
             raise
-        return ("your combine compared whole tensors (Python's max(m1, m2) or an if on a tensor: 'Boolean value "
-                "of Tensor ... is ambiguous'); take the larger maximum row by row with torch.maximum(m1, m2)")
+        return say("your combine compared whole tensors (Python's max(m1, m2) or an if on a tensor: 'Boolean "
+                   "value of Tensor ... is ambiguous'); take the larger maximum row by row with torch.maximum(m1, m2)")
     if not (isinstance(got, tuple) and len(got) == 3):
-        return f"combine returned {type(got).__name__}; return the tuple (m, l, acc)"
+        return say("combine returned {type}; return the tuple (m, l, acc)", type=type(got).__name__)
     m, l, acc = got
     if not torch.allclose(m, torch.maximum(m1, m2)):
-        return "m is not the larger of the two maxima"
+        return say("m is not the larger of the two maxima")
     if torch.allclose(l, l1 + l2) or torch.allclose(acc, a1 + a2):
-        return ("l or acc is a plain sum: each block's l and acc are relative to its own maximum; rescale "
-                "each by exp(its m − the new m) before adding")
+        return say("l or acc is a plain sum: each block's l and acc are relative to its own maximum; rescale each by "
+                   "exp(its m − the new m) before adding")
     problem = first_difference(acc / l, out, atol=1e-9)
     if problem:
-        return f"acc / l is not the softmax-weighted sum of both blocks' values: {problem}"
+        return say("acc / l is not the softmax-weighted sum of both blocks' values: {problem}", problem=problem)
     problem = first_difference(m + torch.log(l), lse, atol=1e-9)
-    return f"m + log l is not the log-sum-exp of both blocks' scores: {problem}" if problem else None
+    return say("m + log l is not the log-sum-exp of both blocks' scores: {problem}",
+               problem=problem) if problem else None
 
 
-OWN_COMBINE = "write the online-softmax rule yourself, from the two blocks' m, l and acc"
+def _own_combine() -> str:
+    """Why the package's combine is refused, in the learner's language."""
+    return say("write the online-softmax rule yourself, from the two blocks' m, l and acc")
 
 
 def _ring_with(fn):
@@ -64,7 +68,7 @@ def _ring_with(fn):
     k, v = (torch.randn(B, KV_HEADS, SEQ, D, generator=g, dtype=torch.float64) for _ in range(2))
     layout = cpx.Layout(SEQ, n)
     try:
-        with refusing("ch10.1", OWN_COMBINE):
+        with refusing("ch10.1", _own_combine()):
             problem = _diagnose_two_blocks(fn)
             if problem:
                 return {"problem": problem}
@@ -80,20 +84,21 @@ def check_online_softmax_combine(fn, world_size: int = 2) -> Passed:
     two blocks in one process, then inside ``ring_attention`` on ``world_size`` ranks against full causal
     attention (PyTorch's ``scaled_dot_product_attention``) over a 24-token sequence."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote")
+        raise TypeError(say("fn={fn!r} must be the function you wrote", fn=fn))
     try:
-        with refusing("ch10.1", OWN_COMBINE):
+        with refusing("ch10.1", _own_combine()):
             problem = _diagnose_two_blocks(fn)  # in this process first: a wrong rule fails without launching
     except ExerciseFailed as refused:
         problem = str(refused)
     if problem:
-        raise ExerciseFailed(f"{_name(fn)}: {problem}")
+        raise ExerciseFailed(say("{fn}: {problem}", fn=_name(fn), problem=problem))
     results = parlab.launch(_ring_with, world_size=world_size, args=(fn,), output="none", announce=False)
     for rank, res in enumerate(results):
         if res["problem"]:
-            raise ExerciseFailed(f"{_name(fn)} on rank {rank} of {world_size}: {res['problem']}")
-    return Passed(f"{_name(fn)}: two blocks combine exactly, and ring attention with it matches "
-                  f"full attention on all {world_size} ranks")
+            raise ExerciseFailed(say("{fn} on rank {rank} of {world_size}: {problem}", fn=_name(fn), rank=rank,
+                                     world_size=world_size, problem=res['problem']))
+    return Passed(say("{fn}: two blocks combine exactly, and ring attention with it matches full attention on all "
+                      "{world_size} ranks", fn=_name(fn), world_size=world_size))
 
 
 # -- 2. where the tokens go ---------------------------------------------------------------------------
@@ -111,17 +116,17 @@ def _counts_on_rank(fn):
     kept = torch.bincount(routing.expert[routing.kept], minlength=EXPERTS)
     want = [int(kept[p.start:p.stop].sum()) for p in epx.placement(EXPERTS, n)]
     try:
-        with refusing("ch10.2", "count the slots yourself from routing.expert, in the priority order stated"):
+        with refusing("ch10.2", say("count the slots yourself from routing.expert, in the priority order stated")):
             got = fn(routing.expert.clone(), EXPERTS, n, CAPACITY)
     except NotImplementedError:
-        return {"problem": "received is not written yet (it raises NotImplementedError)"}
+        return {"problem": say("received is not written yet (it raises NotImplementedError)")}
     except ExerciseFailed as refused:
         return {"problem": str(refused)}
     got = [int(x) for x in got] if isinstance(got, (list, tuple, torch.Tensor)) else got
     if got == want:
         return {"problem": None}
     hint = next((why for wrong, why in _received_mistakes(routing.expert, n) if got == wrong), "")
-    return {"problem": f"expected {want} slots per rank, got {got}{hint}"}
+    return {"problem": say("expected {want} slots per rank, got {got}{hint}", want=want, got=got, hint=hint)}
 
 
 def _received_mistakes(expert, n):
@@ -138,21 +143,21 @@ def _received_mistakes(expert, n):
     tokens = [sum(bool(((expert >= p.start) & (expert < p.stop))[t].any()) for t in range(len(expert)))
               for p in place]
     spread = [range(r, EXPERTS, n) for r in range(n)]  # expert e on rank e mod ep
-    cap_rank = " (that caps each rank's total: the capacity is per expert; cap each expert's count at " \
-               "capacity, then add up the experts a rank holds)"
+    cap_rank = say(" (that caps each rank's total: the capacity is per expert; cap each expert's count at "
+                   "capacity, then add up the experts a rank holds)")
     return [
-        (whole, " (that counts dropped tokens too: an expert keeps at most capacity of them)"),
+        (whole, say(" (that counts dropped tokens too: an expert keeps at most capacity of them)")),
         ([min(c, CAPACITY) for c in whole], cap_rank),
         ([min(c, CAPACITY * len(p)) for c, p in zip(whole, place)], cap_rank),
         (per_rank(torch.bincount(expert[:, 0], minlength=EXPERTS)),
-         " (that counts first choices only, column 0: each token makes k assignments, one per column)"),
-        *((answer, " (that counts tokens: a token whose k choices land on one rank fills k slots there; count "
-                   "assignments, each expert's capped at capacity)")
+         say(" (that counts first choices only, column 0: each token makes k assignments, one per column)")),
+        *((answer, say(" (that counts tokens: a token whose k choices land on one rank fills k slots there; count "
+                       "assignments, each expert's capped at capacity)"))
           for answer in (tokens, [min(c, CAPACITY * len(p)) for c, p in zip(tokens, place)])),
         (per_rank(counts, spread),
-         " (that places expert e on rank e mod ep: the experts sit in contiguous blocks, epx.placement)"),
+         say(" (that places expert e on rank e mod ep: the experts sit in contiguous blocks, epx.placement)")),
         (counts.clamp(max=CAPACITY).tolist(),
-         " (one count per expert: add up the experts each rank holds, one number per rank)"),
+         say(" (one count per expert: add up the experts each rank holds, one number per rank)")),
     ]
 
 
@@ -162,17 +167,21 @@ def check_received(fn, world_size: int = 2) -> Passed:
     ``capacity``: the priority order decides which assignments are dropped, not how many). Checked on every
     rank's own routing."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote")
+        raise TypeError(say("fn={fn!r} must be the function you wrote", fn=fn))
     for rank, res in enumerate(parlab.launch(_counts_on_rank, world_size=world_size, args=(fn,), output="none",
                                              announce=False)):
         if res["problem"]:
-            raise ExerciseFailed(f"{_name(fn)} on rank {rank} of {world_size}: {res['problem']}")
-    return Passed(f"{_name(fn)} counts every rank's slots right on {world_size} ranks")
+            raise ExerciseFailed(say("{fn} on rank {rank} of {world_size}: {problem}", fn=_name(fn), rank=rank,
+                                     world_size=world_size, problem=res['problem']))
+    return Passed(say("{fn} counts every rank's slots right on {world_size} ranks", fn=_name(fn),
+                      world_size=world_size))
 
 
 # -- 3. the dropless dispatch: what all_to_all_single sends where -------------------------------------
 
-OWN_PLAN = "sort the assignments and count each rank's rows yourself, from expert"
+def _own_plan() -> str:
+    """Why the package's dispatch is refused, in the learner's language."""
+    return say("sort the assignments and count each rank's rows yourself, from expert")
 
 
 def _plan_problem(got, expert, place, n):
@@ -182,51 +191,54 @@ def _plan_problem(got, expert, place, n):
     rank_of = torch.tensor([r for r, block in enumerate(place) for _ in block])
     want = torch.bincount(rank_of[flat], minlength=n).tolist()
     if not (isinstance(got, tuple) and len(got) == 2):
-        return f"returned {type(got).__name__}; return the tuple (order, send)"
+        return say("returned {type}; return the tuple (order, send)", type=type(got).__name__)
     order, send = got
     order = torch.as_tensor(order).flatten().long()
     send = [int(x) for x in send] if isinstance(send, (list, tuple, torch.Tensor)) else send
     if not isinstance(send, list):
-        return f"send is {type(send).__name__}; return one row count per rank, a list of {n} ints"
+        return say("send is {type}; return one row count per rank, a list of {n} ints", type=type(send).__name__,
+                   n=n)
     if len(send) == EXPERTS != n:
-        return (f"send has {EXPERTS} entries, one per expert: all_to_all_single takes one split per rank; add up "
-                f"the experts each rank holds ({n} entries)")
+        return say("send has {experts} entries, one per expert: all_to_all_single takes one split per rank; add up "
+                   "the experts each rank holds ({n} entries)", experts=EXPERTS, n=n)
     if len(send) != n:
-        return f"send has {len(send)} entries; all_to_all_single takes one split per rank: {n}"
+        return say("send has {count} entries; all_to_all_single takes one split per rank: {n}", count=len(send),
+                   n=n)
     if send != want:
         counts = torch.bincount(flat, minlength=EXPERTS)
         if sum(send) == tokens:
-            return (f"send {send} adds up to the {tokens} tokens: every token sends one row per choice, "
-                    f"{tokens * k} in all (expected {want})")
+            return say("send {send} adds up to the {tokens} tokens: every token sends one row per choice, {rows} in "
+                       "all (expected {want})", send=send, tokens=tokens, rows=tokens * k, want=want)
         if send == [sum(bool(((expert >= b.start) & (expert < b.stop))[t].any()) for t in range(tokens)) for b in place]:
-            return (f"send {send} counts tokens: a token whose k choices land on one rank sends k rows there, one "
-                    f"per assignment (expected {want})")
+            return say("send {send} counts tokens: a token whose k choices land on one rank sends k rows there, one "
+                       "per assignment (expected {want})", send=send, want=want)
         if send == [int(counts[r::n].sum()) for r in range(n)]:
-            return (f"send {send} places expert e on rank e mod ep: the experts sit in contiguous blocks, "
-                    f"epx.placement (expected {want})")
-        return f"send should be {want} rows per rank, got {send}"
+            return say("send {send} places expert e on rank e mod ep: the experts sit in contiguous blocks, "
+                       "epx.placement (expected {want})", send=send, want=want)
+        return say("send should be {want} rows per rank, got {send}", want=want, send=send)
     if order.numel() == tokens:
-        return (f"order has {tokens} entries, one per token: it needs {tokens * k}, one per assignment "
-                f"(a token sends a row to each of its k experts)")
+        return say("order has {tokens} entries, one per token: it needs {rows}, one per assignment (a token sends a "
+                   "row to each of its k experts)", tokens=tokens, rows=tokens * k)
     if order.numel() == flat.numel() and torch.equal(order.sort().values, torch.arange(flat.numel()) // k):
-        return ("order holds token indices (a // k): return the assignments a themselves, so that each row's "
-                "expert is known; the token is a // k")
+        return say("order holds token indices (a // k): return the assignments a themselves, so that each row's "
+                   "expert is known; the token is a // k")
     if order.numel() != flat.numel() or not torch.equal(order.sort().values, torch.arange(flat.numel())):
-        return f"order must hold each assignment 0 … {flat.numel() - 1} once (T·k = {tokens}·{k}), got {order.tolist()}"
+        return say("order must hold each assignment 0 … {last} once (T·k = {tokens}·{k}), got {order}",
+                   last=flat.numel() - 1, tokens=tokens, k=k, order=order.tolist())
     if bool((flat[order].diff() >= 0).all()):
         return None
     if bool((expert.t().flatten()[order].diff() >= 0).all()):
-        return ("order indexes expert.t().flatten(), choice by choice: index expert.flatten(), where assignment a "
-                "is token a // k's choice a % k")
+        return say("order indexes expert.t().flatten(), choice by choice: index expert.flatten(), where assignment "
+                   "a is token a // k's choice a % k")
     if torch.equal(order, torch.arange(flat.numel())):
-        return ("order is the assignments as they come, token by token: sort them by expert, so that each rank's "
-                "rows are consecutive and all_to_all_single's splits cut them right")
+        return say("order is the assignments as they come, token by token: sort them by expert, so that each "
+                   "rank's rows are consecutive and all_to_all_single's splits cut them right")
     if bool((flat[order].diff() <= 0).all()):
-        return "order sorts the experts from last to first: the first send[0] rows go to rank 0, so ascending"
+        return say("order sorts the experts from last to first: the first send[0] rows go to rank 0, so ascending")
     if bool((rank_of[flat[order]].diff() >= 0).all()):
-        return ("each rank's rows are together, but not sorted by expert within it: the receiving rank cuts its "
-                "rows into experts by their counts")
-    return "order does not sort the assignments by expert: flat[order] must never decrease"
+        return say("each rank's rows are together, but not sorted by expert within it: the receiving rank cuts its "
+                   "rows into experts by their counts")
+    return say("order does not sort the assignments by expert: flat[order] must never decrease")
 
 
 def _routed(rank):
@@ -242,11 +254,11 @@ def _plan_of(fn, rank, n):
 
     expert = _routed(rank)
     try:
-        with refusing("ch10.3", OWN_PLAN):
+        with refusing("ch10.3", _own_plan()):
             got = fn(expert.clone(), EXPERTS, n)
         return got, _plan_problem(got, expert, epx.placement(EXPERTS, n), n)
     except NotImplementedError:
-        return None, "dispatch_plan is not written yet (it raises NotImplementedError)"
+        return None, say("dispatch_plan is not written yet (it raises NotImplementedError)")
     except ExerciseFailed as refused:
         return None, str(refused)
 
@@ -270,7 +282,8 @@ def _dispatch_on_rank(fn):
     mine = place[r]
     wrong = arrived[(arrived[:, 2] < mine.start) | (arrived[:, 2] >= mine.stop)]
     if len(wrong):
-        return {"problem": f"received a row for expert {int(wrong[0, 2])}, which rank {r} does not hold"}
+        return {"problem": say("received a row for expert {expert}, which rank {rank} does not hold",
+                               expert=int(wrong[0, 2]), rank=r)}
     return {"problem": None, "arrived": arrived}
 
 
@@ -293,18 +306,22 @@ def check_dispatch_plan(fn, world_size: int = 2) -> Passed:
     tokens; the check sends every assignment's (rank, token, expert) with ``all_to_all_single`` and your
     splits, and looks at what each rank's experts receive."""
     if not callable(fn):
-        raise TypeError(f"fn={fn!r} must be the function you wrote")
+        raise TypeError(say("fn={fn!r} must be the function you wrote", fn=fn))
     name = _name(fn)
     _, problem = _plan_of(fn, 0, world_size)  # rank 0's plan in this process first: a wrong one fails at once
     if problem:
-        raise ExerciseFailed(f"{name} on rank 0 of {world_size}: {problem}")
+        raise ExerciseFailed(say("{fn} on rank {rank} of {world_size}: {problem}", fn=name, rank=0,
+                                 world_size=world_size, problem=problem))
     results = parlab.launch(_dispatch_on_rank, world_size=world_size, args=(fn,), output="none", announce=False)
     for rank, res in enumerate(results):
         if res["problem"]:
-            raise ExerciseFailed(f"{name} on rank {rank} of {world_size}: {res['problem']}")
+            raise ExerciseFailed(say("{fn} on rank {rank} of {world_size}: {problem}", fn=name, rank=rank,
+                                     world_size=world_size, problem=res['problem']))
     for rank, (res, want) in enumerate(zip(results, _expected_arrivals(world_size))):
         got = sorted(tuple(int(v) for v in row) for row in res["arrived"])
         if got != want:
-            raise ExerciseFailed(f"{name}: rank {rank}'s experts received {len(got)} rows, expected {len(want)}: "
-                                 f"(rank, token, expert) {sorted(set(want) - set(got))[:3]} missing")
-    return Passed(f"{name}: every assignment reaches its expert's rank, grouped by expert, on {world_size} ranks")
+            raise ExerciseFailed(say("{fn}: rank {rank}'s experts received {got} rows, expected {want}: (rank, "
+                                     "token, expert) {missing} missing", fn=name, rank=rank, got=len(got),
+                                     want=len(want), missing=sorted(set(want) - set(got))[:3]))
+    return Passed(say("{fn}: every assignment reaches its expert's rank, grouped by expert, on {world_size} ranks",
+                      fn=name, world_size=world_size))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import time
 
+from parlab.lab.language import say
 from parlab.lab.launch import _pickling
 from parlab.lab.launch.errors import LaunchError, RankCrashedError, RankError, RankTimeoutError, describe_exit
 
@@ -26,19 +27,20 @@ def statuses(ranks) -> dict[int, str]:
     out = {}
     for r in ranks:
         if r.state == "ok":
-            out[r.rank] = "had returned"
+            out[r.rank] = say("had returned")
         elif r.state == "raised":
             if r.error["kind"] == "comm":  # its first sentence says enough; the cause is reported above
-                out[r.rank] = (f"raised {r.error['type']}: {_sentence(r.error['message'], first=True)} "
-                               f"(a follow-on error: a rank it was talking to had gone)")
+                out[r.rank] = say("raised {type}: {message} (a follow-on error: a rank it was talking to had gone)",
+                                  type=r.error['type'], message=_sentence(r.error['message'], first=True))
             else:
-                out[r.rank] = f"raised {r.error['type']}: {_sentence(r.error['message'])}"
+                out[r.rank] = say("raised {type}: {message}", type=r.error['type'],
+                                  message=_sentence(r.error['message']))
         elif r.state == "dead":
             out[r.rank] = describe_exit(r.exitcode)
         elif r.state == "unpicklable":
-            out[r.rank] = "returned a value that cannot be pickled"
+            out[r.rank] = say("returned a value that cannot be pickled")
         else:
-            out[r.rank] = "was still running; stopped by parlab"
+            out[r.rank] = say("was still running; stopped by parlab")
     return out
 
 
@@ -58,9 +60,9 @@ def failure(run) -> LaunchError:
         return RankCrashedError(r.rank, ws, r.exitcode, tuple(r.last_err), states)
     if r.state == "unpicklable":
         return LaunchError(
-            f"rank {r.rank} of {ws} returned a value that cannot be pickled ({r.error}), so it cannot "
-            f"travel back to the notebook. Return plain values: numbers, strings, lists, dicts, numpy "
-            f"arrays or tensors.", statuses=states)
+            say("rank {rank} of {world_size} returned a value that cannot be pickled ({error}), so it cannot travel "
+                "back to the notebook. Return plain values: numbers, strings, lists, dicts, numpy arrays or tensors.",
+                rank=r.rank, world_size=ws, error=r.error), statuses=states)
     err = r.error
     original = None
     if err["exception"] is not None:
@@ -84,28 +86,32 @@ def hang(run) -> RankTimeoutError:
     for r in run.ranks:
         if r.state == "ok":
             returned.append(r.rank)
-            stacks[r.rank] = f"had returned from its function {now - r.finished_at:.1f} s before"
+            stacks[r.rank] = say("had returned from its function {seconds:.1f} s before",
+                                 seconds=now - r.finished_at)
         elif r.state == "raised":
             waited.append(r.rank)
-            stacks[r.rank] = (f"waited in a collective until it timed out "
-                              f"({_gloo_message(r.error['message'])}), at:\n{_indent(_cell_names(r.error['where']))}")
+            stacks[r.rank] = (say("waited in a collective until it timed out ({message}), at:",
+                                  message=_gloo_message(r.error['message']))
+                              + f"\n{_indent(_cell_names(r.error['where']))}")
         elif r.stack is not None:
             text, in_collective = r.stack
             (waited if in_collective else busy).append(r.rank)
-            what = "waiting in a collective" if in_collective else "busy outside any collective"
-            stacks[r.rank] = f"{what}, at:\n{_indent(_cell_names(text))}"
+            what = say("waiting in a collective, at:") if in_collective else say("busy outside any collective, at:")
+            stacks[r.rank] = f"{what}\n{_indent(_cell_names(text))}"
         else:
             stacks[r.rank] = states[r.rank]
     parts = []
     if waited:
-        parts.append(f"{_ranks(waited)} waited {timeout:g} s in a collective")
+        parts.append(say("{ranks} waited {timeout:g} s in a collective", ranks=_ranks(waited), timeout=timeout))
     if busy:
-        parts.append(f"{_ranks(busy)} {'was' if len(busy) == 1 else 'were'} still busy elsewhere "
-                     f"(if it is just slow, raise timeout)")
+        parts.append(say("{ranks} was still busy elsewhere (if it is just slow, raise timeout)", ranks=_ranks(busy))
+                     if len(busy) == 1 else
+                     say("{ranks} were still busy elsewhere (if it is just slow, raise timeout)", ranks=_ranks(busy)))
     if returned:
-        parts.append(f"{_ranks(returned)} had already returned" + (", so never joined it" if waited else ""))
-    return RankTimeoutError(timeout, run.plan.world_size, stacks, states, "; ".join(parts), waited=waited, busy=busy,
-                            returned=returned)
+        parts.append(say("{ranks} had already returned, so never joined it", ranks=_ranks(returned)) if waited
+                     else say("{ranks} had already returned", ranks=_ranks(returned)))
+    return RankTimeoutError(timeout, run.plan.world_size, stacks, states, say("; ").join(parts), waited=waited,
+                            busy=busy, returned=returned)
 
 
 # -- words ---------------------------------------------------------------------------------------------------
@@ -125,7 +131,8 @@ def _cell_names(text: str) -> str:
 
 
 def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
+    listed = ', '.join(map(str, ranks))
+    return say("ranks {ranks}", ranks=listed) if len(ranks) > 1 else say("rank {ranks}", ranks=listed)
 
 
 def _sentence(text: str, limit: int = 200, first: bool = False) -> str:

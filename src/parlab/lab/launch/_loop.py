@@ -19,6 +19,7 @@ import tempfile
 import time
 from multiprocessing.connection import wait
 
+from parlab.lab.language import say
 from parlab.lab.launch import _diagnosis, _pickling, lease
 from parlab.lab.launch._zygote import _zygote_lock, _zygote_with
 from parlab.lab.launch.errors import LaunchError, RankTimeoutError
@@ -265,8 +266,8 @@ class _Launch:
             try:
                 results.append(_pickling.loads(r.result))
             except Exception as exc:  # noqa: BLE001
-                raise LaunchError(f"rank {r.rank} returned a value the notebook cannot unpickle: "
-                                  f"{type(exc).__name__}: {exc}") from None
+                raise LaunchError(say("rank {rank} returned a value the notebook cannot unpickle: {type}: {error}",
+                                      rank=r.rank, type=type(exc).__name__, error=exc)) from None
         return results
 
     def probe_stacks(self, ranks: list[_Rank]) -> None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import signal
 
-HANG_HINT = (
-    "Every rank must call the same collectives, in the same order, with tensors of the same size. "
-    "Raise the limit with timeout=... if the work is merely slow."
-)
+from parlab.lab.language import say
+
+
+def hang_hint() -> str:
+    """What a hang report ends with: how to avoid the hang, in the learner's language."""
+    return say("Every rank must call the same collectives, in the same order, with tensors of the same size. "
+               "Raise the limit with timeout=... if the work is merely slow.")
 
 
 def classify_exception(exc: BaseException) -> str:
@@ -48,8 +51,9 @@ class RankError(LaunchError):
         self.rank, self.world_size = rank, world_size
         self.type_name, self.remote_message, self.remote_traceback = type_name, message, remote_traceback
         self.exception = exception
-        text = f"rank {rank} of {world_size} raised {type_name}: {message}\n\n"
-        text += f"Traceback on rank {rank} (most recent call last):\n{_body(remote_traceback)}"
+        text = say("rank {rank} of {world_size} raised {type_name}: {message}", rank=rank, world_size=world_size,
+                   type_name=type_name, message=message) + "\n\n"
+        text += say("Traceback on rank {rank} (most recent call last):", rank=rank) + f"\n{_body(remote_traceback)}"
         text += _others(statuses, rank)
         super().__init__(text, statuses=statuses)
 
@@ -60,12 +64,13 @@ class RankCrashedError(LaunchError):
     def __init__(self, rank, world_size, exitcode, last_lines=(), statuses=None):
         self.rank, self.world_size, self.exitcode = rank, world_size, exitcode
         self.signal = -exitcode if exitcode is not None and exitcode < 0 else None
-        text = f"rank {rank} of {world_size} {describe_exit(exitcode)}"
-        if self.signal is not None and self.signal == getattr(signal, "SIGKILL", None):
-            text += " (on Linux the out-of-memory killer sends SIGKILL: check memory per rank)"
-        text += "."
+        killed = self.signal is not None and self.signal == getattr(signal, "SIGKILL", None)
+        text = say("rank {rank} of {world_size} {what}{oom}.", rank=rank, world_size=world_size,
+                   what=describe_exit(exitcode),
+                   oom=say(" (on Linux the out-of-memory killer sends SIGKILL: check memory per rank)") if killed else "")
         if last_lines:
-            text += f"\n\nLast lines rank {rank} wrote to stderr:\n" + "".join(f"  {l}\n" for l in last_lines)
+            text += "\n\n" + say("Last lines rank {rank} wrote to stderr:", rank=rank) + "\n"
+            text += "".join(f"  {l}\n" for l in last_lines)
         text += _others(statuses, rank)
         super().__init__(text, statuses=statuses)
 
@@ -79,23 +84,24 @@ class RankTimeoutError(LaunchError, TimeoutError):
                  waited=(), busy=(), returned=()):
         self.timeout, self.world_size, self.stacks = timeout, world_size, stacks
         self.waited, self.busy, self.returned = sorted(waited), sorted(busy), sorted(returned)
-        text = f"{summary or 'no progress'} (timeout={timeout:g} s).\n\nWhere each rank was:\n"
+        text = say("{summary} (timeout={timeout:g} s).", summary=summary or say("no progress"), timeout=timeout)
+        text += "\n\n" + say("Where each rank was:") + "\n"
         for rank in sorted(stacks):
             text += f"--- rank {rank}: {stacks[rank]}\n"
-        text += "\n" + HANG_HINT
+        text += "\n" + hang_hint()
         super().__init__(text, statuses=statuses)
 
 
 def describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
-        return "ended without reporting"
+        return say("ended without reporting")
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        return f"was killed by signal {name} ({-exitcode})"
-    return f"exited with code {exitcode} before its function returned"
+        return say("was killed by signal {name} ({number})", name=name, number=-exitcode)
+    return say("exited with code {code} before its function returned", code=exitcode)
 
 
 def _body(tb: str) -> str:
@@ -109,4 +115,4 @@ def _others(statuses, rank) -> str:
     others = {r: s for r, s in (statuses or {}).items() if r != rank}
     if not others:
         return ""
-    return "\nThe other ranks:\n" + "".join(f"  rank {r}: {s}\n" for r, s in sorted(others.items()))
+    return "\n" + say("The other ranks:") + "\n" + "".join(f"  rank {r}: {s}\n" for r, s in sorted(others.items()))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
+from parlab.lab.language import say
 from parlab.lab.launch import _pickling
 from parlab.lab.launch._loop import _Launch
 from parlab.lab.launch.cluster import current_job, run_in_job
@@ -68,16 +69,18 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
     job = current_job()
     if job is not None:  # torchrun or SLURM started this process as one rank of a job: join it
         if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+            raise ValueError(say("backend must be one of {allowed}; got {backend!r}",
+                                 allowed=', '.join(map(repr, BACKENDS)), backend=backend))
         return run_in_job(job, fn, tuple(args), kwargs, world_size, backend, timeout, announce)
     plan = make_plan(world_size, backend, timeout, threads)
     record_launch(plan.world_size, backend, plan.device_type, plan.note, plan.gpus, "parlab.launch")
     try:
         payload = _pickling.dumps((fn, tuple(args), kwargs or {}))
     except Exception as exc:  # noqa: BLE001
-        raise TypeError(f"{getattr(fn, '__name__', 'fn')} or its arguments cannot be sent to the ranks "
-                        f"({type(exc).__name__}: {exc}). Functions, classes, tensors and plain values travel; "
-                        f"open files, sockets, locks and generators do not.") from None
+        raise TypeError(say("{fn} or its arguments cannot be sent to the ranks ({type}: {error}). Functions, "
+                            "classes, tensors and plain values travel; open files, sockets, locks and generators "
+                            "do not.", fn=getattr(fn, '__name__', 'fn'), type=type(exc).__name__,
+                            error=exc)) from None
     run = _Launch(plan, payload, output, start_method, announce)
     try:
         run.start()
@@ -96,23 +99,26 @@ def launch(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "aut
 
 def _check_call(fn, args, kwargs, output: str) -> None:
     if not callable(fn):
-        raise TypeError(f"fn must be callable: a function each rank runs, like `def work(): ...`; got "
-                        f"{type(fn).__name__} {fn!r:.60}")
+        raise TypeError(say("fn must be callable: a function each rank runs, like `def work(): ...`; got {type} "
+                            "{fn!r:.60}", type=type(fn).__name__, fn=fn))
     if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {', '.join(map(repr, OUTPUTS))}; got {output!r}")
+        raise ValueError(say("output must be one of {allowed}; got {output!r}", allowed=', '.join(map(repr, OUTPUTS)),
+                             output=output))
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise TypeError(f"kwargs must be a dict or None; got {type(kwargs).__name__}")
+        raise TypeError(say("kwargs must be a dict or None; got {type}", type=type(kwargs).__name__))
     if not isinstance(args, (tuple, list)):
-        raise TypeError(f"args must be a tuple or list of positional arguments; got {type(args).__name__}")
+        raise TypeError(say("args must be a tuple or list of positional arguments; got {type}",
+                            type=type(args).__name__))
 
 
 def _check_start_method(start_method: str | None) -> str:
     if start_method is None:
         return default_start_method()
     if start_method not in START_METHODS:
-        raise ValueError(f"start_method must be one of {', '.join(map(repr, START_METHODS))} or None (this "
-                         f"platform's default, {default_start_method()!r}); got {start_method!r}")
+        raise ValueError(say("start_method must be one of {allowed} or None (this platform's default, "
+                             "{default!r}); got {start_method!r}", allowed=', '.join(map(repr, START_METHODS)),
+                             default=default_start_method(), start_method=start_method))
     if start_method == "zygote" and not hasattr(os, "fork"):
-        raise ValueError("start_method='zygote' forks the ranks, and this platform cannot fork; use "
-                         "start_method='spawn' (the default here)")
+        raise ValueError(say("start_method='zygote' forks the ranks, and this platform cannot fork; use "
+                             "start_method='spawn' (the default here)"))
     return start_method

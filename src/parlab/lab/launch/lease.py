@@ -41,6 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from parlab.lab.language import say
 from parlab.lab.launch import _queue
 from parlab.lab.launch.errors import LaunchError
 
@@ -194,17 +195,21 @@ def _wait_turn(ticket, gpus: list[str], world_size: int, wait: float, echo, aske
         now = time.monotonic()
         if now >= deadline:
             holders = {g: h for g, h in holders_of(gpus, ticket.folder).items() if h is not None}
-            raise LaunchError(f"{world_size} free GPU(s) needed from PARLAB_GPUS={asked_for!r} "
-                              f"({', '.join(gpus)}), but for {wait:g} s only {len(gpus) - len(holders)} were "
-                              f"free. {_describe_holders(holders)} This launch was {_place(place)}. Wait for them, "
-                              f"or ask for fewer ranks; PARLAB_GPU_WAIT sets how long to wait.")
+            raise LaunchError(say("{world_size} free GPU(s) needed from PARLAB_GPUS={asked_for!r} ({gpus}), but "
+                                  "for {wait:g} s only {free} were free. {holders} This launch was {place}. Wait "
+                                  "for them, or ask for fewer ranks; PARLAB_GPU_WAIT sets how long to wait.",
+                                  world_size=world_size, asked_for=asked_for, gpus=', '.join(gpus), wait=wait,
+                                  free=len(gpus) - len(holders), holders=_describe_holders(holders),
+                                  place=_place(place)))
         if told is None:
             holders = {g: h for g, h in holders_of(gpus, ticket.folder).items() if h is not None}
-            echo(f"parlab: waiting for {world_size} free GPU(s) of {', '.join(gpus)} (up to {wait:g} s), "
-                 f"{_place(place)}. {_describe_holders(holders)}")
+            echo(say("parlab: waiting for {world_size} free GPU(s) of {gpus} (up to {wait:g} s), {place}. {holders}",
+                     world_size=world_size, gpus=', '.join(gpus), wait=wait, place=_place(place),
+                     holders=_describe_holders(holders)))
             told, told_at = place, now
         elif place != told and now - told_at >= TELL_EVERY:  # the queue moves: say so, now and then
-            echo(f"parlab: now {_place(place)} for {world_size} GPU(s) (waited {now - start:.0f} s)")
+            echo(say("parlab: now {place} for {world_size} GPU(s) (waited {waited:.0f} s)", place=_place(place),
+                     world_size=world_size, waited=now - start))
             told, told_at = place, now
         time.sleep(POLL if place <= 1 else POLL_QUEUED)  # the next in line is quick to take its turn
 
@@ -230,8 +235,10 @@ def _try_gpus(folder: str, gpus: list[str], world_size: int) -> tuple[list[int],
 
 def _place(place: int) -> str:
     if place == 0:
-        return "first in the queue"
-    return f"place {place + 1} in the queue ({place} launch{'es' if place > 1 else ''} ahead of this one)"
+        return say("first in the queue")
+    if place == 1:
+        return say("place {place} in the queue ({ahead} launch ahead of this one)", place=place + 1, ahead=place)
+    return say("place {place} in the queue ({ahead} launches ahead of this one)", place=place + 1, ahead=place)
 
 
 def holders_of(gpus=None, folder=None) -> dict[str, dict | None]:
@@ -285,8 +292,9 @@ def describe_holder(holder: dict) -> str:
 
 def _describe_holders(holders: dict) -> str:
     if not holders:
-        return "No holder recorded yet."
-    return "Held: " + "; ".join(f"GPU {g} by {describe_holder(h)}" for g, h in holders.items()) + "."
+        return say("No holder recorded yet.")
+    return say("Held: {holders}.", holders=say("; ").join(say("GPU {gpu} by {holder}", gpu=g, holder=describe_holder(h))
+                                                          for g, h in holders.items()))
 
 
 def _lock_path(folder: str, gpu: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from parlab.lab.language import say
 from parlab.lab.runtime import BACKENDS, GPU_MODE_BACKEND, choose, tolerance  # the one decision (runtime.py)
 
 __all__ = ["BACKENDS", "GPU_MODE_BACKEND", "LAUNCH_LOG", "Plan", "make_plan", "record_launch", "visible_gpus"]
@@ -72,27 +73,29 @@ def visible_gpus() -> int:
 
 def make_plan(world_size, backend="auto", timeout=30.0, threads=None) -> Plan:
     if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int (the number of ranks, e.g. 2 or 4); got "
-                        f"{type(world_size).__name__} {world_size!r}")
+        raise TypeError(say("world_size must be an int (the number of ranks, e.g. 2 or 4); got {type} {value!r}",
+                            type=type(world_size).__name__, value=world_size))
     if world_size < 1:
-        raise ValueError(f"world_size must be at least 1 (the number of ranks, e.g. 2 or 4); got {world_size}")
+        raise ValueError(say("world_size must be at least 1 (the number of ranks, e.g. 2 or 4); got {value}",
+                             value=world_size))
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+        raise ValueError(say("backend must be one of {allowed}; got {backend!r}",
+                             allowed=', '.join(map(repr, BACKENDS)), backend=backend))
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+        raise ValueError(say("timeout must be a positive number of seconds; got {timeout!r}", timeout=timeout))
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive int (CPU threads per rank) or None; got {threads!r}")
+        raise ValueError(say("threads must be a positive int (CPU threads per rank) or None; got {threads!r}",
+                             threads=threads))
     # All ranks of a launch are on this machine: its world is its local world. The mode is runtime's.
     gpus = visible_gpus() if backend in ("auto", "nccl") else 0
     mode = choose(world_size, 0, gpus, backend)
     name, device_type, note = mode.name, mode.device.type, mode.note
     if not mode.gpu and world_size > max_cpu_ranks():
-        raise ValueError(
-            f"world_size={world_size} would start {world_size} processes on a machine with "
-            f"{cpu_count()} CPU core(s); parlab allows at most {max_cpu_ranks()} CPU ranks here, since "
-            f"each rank holds its own copy of the model and they would only fight for the cores. Use "
-            f"a smaller world_size, or set the environment variable PARLAB_MAX_RANKS to raise the limit."
-        )
+        raise ValueError(say(
+            "world_size={world_size} would start {world_size} processes on a machine with {cores} CPU core(s); "
+            "parlab allows at most {most} CPU ranks here, since each rank holds its own copy of the model and they "
+            "would only fight for the cores. Use a smaller world_size, or set the environment variable "
+            "PARLAB_MAX_RANKS to raise the limit.", world_size=world_size, cores=cpu_count(), most=max_cpu_ranks()))
     if threads is None:
         threads = max(1, cpu_count() // world_size)
     return Plan(world_size, name, device_type, threads, float(timeout), note, gpus)

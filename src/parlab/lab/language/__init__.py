@@ -24,7 +24,8 @@ LANGUAGES = ("en", "zh")
 #: The catalog modules of each language beside English, each with a ``MESSAGES`` dict: English template →
 #: translated template.
 CATALOGS = {"zh": ("parlab.lab.language.zh_launch", "parlab.lab.language.zh_exercises_a",
-                  "parlab.lab.language.zh_exercises_a2", "parlab.lab.language.zh_exercises_b")}
+                  "parlab.lab.language.zh_exercises_a2", "parlab.lab.language.zh_exercises_b",
+                  "parlab.lab.language.zh_exercises_b2")}
 
 
 def current() -> str:

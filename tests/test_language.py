@@ -59,3 +59,18 @@ def test_say_fills_the_chosen_language(monkeypatch):
     assert language.say(template, rank=1, world_size=4) == "第 1 个 rank（共 4 个）"
     monkeypatch.setenv("PARLAB_LANG", "en")
     assert language.say(template, rank=1, world_size=4) == "rank 1 of 4"
+
+
+def test_the_chinese_messages_follow_the_glossary_and_its_typography():
+    """The hints and the launcher's messages hold to the edition's glossary (no rejected rendering: 排名 for
+    rank, 管道并行, ...) and pass the typography linter, as the chapters do (``tests/test_edition.py``)."""
+    import autocorrect_py
+
+    from test_edition import glossary
+
+    _, rejected, _ = glossary()
+    zh = language.catalog("zh")
+    bad = {t: [r for r in rejected if r in t] for t in zh.values() if any(r in t for r in rejected)}
+    assert not bad, bad
+    untidy = {t: autocorrect_py.format_for(t, "md") for t in zh.values() if autocorrect_py.format_for(t, "md") != t}
+    assert not untidy, untidy

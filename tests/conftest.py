@@ -51,7 +51,7 @@ def pytest_xdist_make_scheduler(config, log):
 LONG_SCOPES = {"tests/test_own_job.py": 130, "tests/test_notebooks.py::test_eight_headless_chapters_at_once": 80,
                "tests/test_browser.py": 50, "tests/test_cluster.py": 70, "tests/test_trainer_and_debugging.py": 130,
                "tests/test_course.py": 60, "tests/test_torchrun.py": 35, "tests/test_job.py": 50,
-               "tests/test_simgpu.py": 90, "tests/test_edition.py": 45, "tests/test_gpu_smoke.py": 90, "tests/test_world_size_one.py": 25}
+               "tests/test_simgpu.py": 90, "tests/test_edition.py": 70, "tests/test_gpu_smoke.py": 90, "tests/test_world_size_one.py": 25}
 
 
 def _expected_seconds(scope: str, tests: int) -> float:

@@ -265,12 +265,15 @@ def test_parlab_run_tells_the_kernel_its_edition(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_chapter_00_in_chinese_runs_headless(tmp_path_factory):
-    """``notebooks/zh/00_welcome.ipynb`` runs top to bottom with its CI parameters, in its own folder, as
-    tests/test_notebooks.py runs the English chapters (the same helper, recording its asserts)."""
+@pytest.mark.parametrize("stem", ["00_welcome", "02_collectives"])
+def test_chapters_in_chinese_run_headless(stem, tmp_path_factory):
+    """``notebooks/zh/00_welcome.ipynb`` and ``02_collectives.ipynb`` run top to bottom with their CI parameters,
+    in their own folder, as tests/test_notebooks.py runs the English chapters (the same helper, recording its
+    asserts), with ``PARLAB_LANG=zh``: their exercise checks answer in Chinese. Two short chapters: the suite's
+    minutes are the limit (the others run in CI's ``zh`` job)."""
     from test_notebooks import _run
 
-    path = edition.output("00_welcome", LANG)
+    path = edition.output(stem, LANG)
     result, seen = _run(path, True, tmp_path_factory)
     assert result.passed, f"{path.name}: {result.error} (executed copy: {result.output})"
     assert seen, "no assert was reached"

@@ -68,7 +68,7 @@ def test_the_ring_hides_past_its_chunk():
     counted unmasked (4·s·h per token) at the GPU's fused-kernel rate (α left out, as n* leaves it)."""
     w, cluster = pa.llama3_128k(), pa.llama3_cluster()
     gpu, link = cluster.gpu, cluster.inter
-    n_star = cpx.overlap_chunk(heads=16, kv_heads=1, head_dim=128, flops=gpu.attention_flops,
+    n_star = cpx.overlap_chunk(heads=16, kv_heads=1, head_dim=128, flops=gpu.attention_flops["sdpa"],
                                bandwidth=link.bandwidth, causal=False)
     small = planner.cluster_of("h100", 16, inter=pa.LLAMA3_FABRIC)
     exposed = {}

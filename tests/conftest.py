@@ -29,6 +29,8 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
+            if file == "tests/test_edition_runs.py":  # each chapter of an edition on a worker of its own
+                return nodeid
             if file != "tests/test_notebooks.py":
                 return file
             return "chapter " + nodeid.rsplit("[", 1)[1][:-1] if nodeid.endswith("]") else nodeid
@@ -51,7 +53,9 @@ def pytest_xdist_make_scheduler(config, log):
 LONG_SCOPES = {"tests/test_own_job.py": 130, "tests/test_notebooks.py::test_eight_headless_chapters_at_once": 80,
                "tests/test_browser.py": 50, "tests/test_cluster.py": 70, "tests/test_trainer_and_debugging.py": 130,
                "tests/test_course.py": 60, "tests/test_torchrun.py": 35, "tests/test_job.py": 50,
-               "tests/test_simgpu.py": 90, "tests/test_edition.py": 70, "tests/test_gpu_smoke.py": 90, "tests/test_world_size_one.py": 25}
+               "tests/test_simgpu.py": 90, "tests/test_edition.py": 15,
+               "tests/test_edition_runs.py::test_chapters_in_chinese_run_headless[00_welcome]": 60,
+               "tests/test_edition_runs.py::test_chapters_in_chinese_run_headless[02_collectives]": 55, "tests/test_gpu_smoke.py": 90, "tests/test_world_size_one.py": 25}
 
 
 def _expected_seconds(scope: str, tests: int) -> float:

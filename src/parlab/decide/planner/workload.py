@@ -152,6 +152,11 @@ class Workload:
         the ep term, and DeepSeek-V3's latent attention is priced as attention over full heads."""
         if not self.experts:
             return self.config
+        if "_dense" not in self.__dict__:  # built once: the planner asks at every prediction
+            object.__setattr__(self, "_dense", self._dense_twin())
+        return self.__dict__["_dense"]
+
+    def _dense_twin(self):
         from transformers import LlamaConfig
 
         c, h, heads, (head_dim, _) = self.config, self.hidden, self.heads, self.head_dims

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from parlab.decide.planner.field_data import FIELD_RUNS
 from parlab.decide.planner.hardware import GPUS, Cluster, cluster_of
 from parlab.decide.planner.layout import Layout
+from parlab.decide.planner.published import baseline_step, baseline_utilization
 from parlab.decide.planner.step import Prediction, predict
 from parlab.decide.planner.workload import Workload
 
@@ -136,11 +137,11 @@ def role(run: FieldRun) -> str:
 def baseline_shares() -> dict:
     """The trivial model's constant per generation, fitted on the same rows as the planner's: the Blackwells' on
     :data:`FITTED`'s, the H100's on chapter 07's MPT rows (``baseline_utilization``)."""
-    from parlab.decide.planner.published import H100_CALIBRATION_RUNS, baseline_utilization
+    from parlab.decide.planner.published import H100_CALIBRATION_RUNS
 
     by_name = {run.name: run for run in field_runs()}
     return {"h100": baseline_utilization(H100_CALIBRATION_RUNS),
-            "blackwell": baseline_share([by_name[n] for n in FITTED["blackwell"]])}
+            "blackwell": baseline_utilization([by_name[n] for n in FITTED["blackwell"]])}
 
 
 def errors() -> list[dict]:
@@ -171,14 +172,3 @@ def fitted_share(runs) -> float:
         middle = (low + high) / 2
         low, high = (middle, high) if median_ratio(middle) > 1 else (low, middle)
     return (low + high) / 2
-
-
-def baseline_step(run, utilization: float) -> float:
-    """The trivial model: the FLOPs the run executes ÷ (GPUs × the peak of its precision × ``utilization``), one
-    constant per generation fitted on the same rows as the planner's."""
-    return run.workload().hardware_flops() / (run.layout.world_size * run.cluster().gpu.peak(run.precision)
-                                              * utilization)
-
-
-def baseline_share(runs) -> float:
-    return statistics.median(baseline_step(run, 1.0) / run.step_s for run in runs)

@@ -216,9 +216,11 @@ def calibrated_utilization(runs=PUBLISHED_RUNS) -> float:
 
 def baseline_step(run: PublishedRun, utilization: float) -> float:
     """The trivial model beside the planner: the FLOPs the run executes (recomputation counted) ÷ (GPUs ×
-    peak × ``utilization``); no bubble, no communication, no memory-bound work."""
-    gpus = run.layout.dp * run.layout.tp * run.layout.pp
-    return run.workload().hardware_flops() / (gpus * run.cluster().gpu.flops * utilization)
+    the peak of its precision × ``utilization``); no bubble, no communication, no memory-bound work. For any
+    run with ``layout``, ``workload()``, ``cluster()`` and ``precision`` (a :class:`PublishedRun`, a
+    :class:`~parlab.decide.planner.field.FieldRun`)."""
+    return run.workload().hardware_flops() / (run.layout.world_size * run.cluster().gpu.peak(run.precision)
+                                              * utilization)
 
 
 def baseline_utilization(runs=CALIBRATION_RUNS) -> float:

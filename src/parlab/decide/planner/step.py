@@ -165,8 +165,9 @@ def _rank_weights(w: Workload, layout: Layout) -> tuple[float, float]:
     """(dense weights, routed experts' weights) of the heaviest pipeline stage's rank: the stage's dense ones
     over tp, its share of the experts over ep × etp."""
     per_layer = w.expert_params / w.layers
-    stage = max(range(layout.pp), key=lambda s: stage_params(w, layout.pp)[s])
-    params, layers = stage_params(w, layout.pp)[stage], stage_layers(w, layout.pp)[stage]
+    per_stage = stage_params(w, layout.pp)
+    stage = max(range(layout.pp), key=per_stage.__getitem__)
+    params, layers = per_stage[stage], stage_layers(w, layout.pp)[stage]
     experts = layers * per_layer
     return (params - experts) / layout.tp, experts / (layout.ep * layout.etp)
 

@@ -19,7 +19,7 @@ def _errors():
 
 
 def test_the_blackwell_constant_is_the_fit_of_its_named_rows():
-    """One new constant: the Blackwells' share, of bf16 and FP8 peak alike, fitted on the four rows FITTED names.
+    """The Blackwells' share, of bf16 and FP8 peak alike, fitted on the four rows FITTED names.
     The H100's FP8 share is its bf16 one, fitted on no row here."""
     by_name = {run.name: run for run in field.field_runs()}
     runs = [by_name[n] for n in field.FITTED["blackwell"]]
@@ -30,15 +30,29 @@ def test_the_blackwell_constant_is_the_fit_of_its_named_rows():
     assert planner.cluster_of("h100").rate("fp8") == pytest.approx(2 * planner.cluster_of("h100").rate("bf16"), rel=1e-3)
 
 
+def test_each_expert_constant_is_the_fit_of_its_named_rows():
+    """A local expert's fixed cost, one per generation, fitted on its MoE rows on the fewest GPUs (EXPERT_FITTED);
+    no dense row moves with it."""
+    by_name = {run.name: run for run in field.field_runs()}
+    for generation, names in field.EXPERT_FITTED.items():
+        runs = [by_name[n] for n in names]
+        assert {run.generation for run in runs} == {generation} and all(run.workload().experts for run in runs)
+        fewest = min(e["run"].row["gpus"] for e in _errors() if e["moe"] and e["run"].generation == generation)
+        assert {run.row["gpus"] for run in runs} == {fewest}
+        assert field.fitted_expert_seconds(runs) == pytest.approx(planner.EXPERT_SECONDS[generation], rel=0.02)
+    dense = by_name["Llama 3 8B, 8 B200, MXFP8"]
+    assert dense.predict(cluster=dense.cluster(expert_seconds=1.0)).step_s == dense.predict().step_s
+
+
 def test_held_out_rows_against_the_trivial_model_on_each_generation():
-    """On the 23 H100 rows (none fitted anything) the planner's median miss is a fifth of the trivial model's
-    and it is closer on 22; on the 13 Blackwell rows that fitted nothing the two tie by median (20 % and 19 %),
-    the planner closer on 7: there the trivial model is as good, as the issue's bar is not met (docs/planner.md)."""
+    """On the 22 H100 rows that fitted nothing the planner's median miss is a fifth of the trivial model's and it is
+    closer on 21; on the 11 Blackwell rows it misses by 9 % at the median against the trivial model's 12 %, closer on
+    7. The trivial model's one constant per generation is fitted on every row the planner's two were."""
     held = {g: [e for e in _errors() if e["role"] == "held out" and e["run"].generation == g] for g in ("h100", "blackwell")}
     miss = {g: (statistics.median(abs(e["planner"]) for e in rows), statistics.median(abs(e["trivial"]) for e in rows),
                 sum(abs(e["planner"]) < abs(e["trivial"]) for e in rows)) for g, rows in held.items()}
-    assert len(held["h100"]) == 23 and miss["h100"][0] < miss["h100"][1] / 4 and miss["h100"][2] == 22, miss
-    assert len(held["blackwell"]) == 13 and abs(miss["blackwell"][0] - miss["blackwell"][1]) < 0.02, miss
+    assert len(held["h100"]) == 22 and miss["h100"][0] < miss["h100"][1] / 4 and miss["h100"][2] == 21, miss
+    assert len(held["blackwell"]) == 11 and miss["blackwell"][0] < 0.8 * miss["blackwell"][1], miss
     assert miss["blackwell"][2] == 7, miss
 
 
@@ -49,11 +63,14 @@ def test_held_out_dense_rows_within_the_band():
     assert len(dense) == 24 and inside == {"h100": 15, "blackwell": 4}, inside
 
 
-def test_mixtures_of_experts_are_priced_fast():
-    """What the planner still lacks for a MoE: every published MoE row ran slower than it predicts (by 6 to 74 %),
-    on every generation and precision; no term accounts for it (``docs/planner.md``). Fails once one does."""
-    moe = [e["planner"] for e in _errors() if e["moe"]]
-    assert len(moe) == 12 and all(-0.8 < e < 0 for e in moe)
+def test_held_out_mixtures_of_experts_within_the_band():
+    """MoE rows that fitted nothing: 8 of 9 inside ±20 % (GPT-OSS on 64 GB200 is 26 % fast). Without the experts'
+    fixed cost every MoE row ran slower than predicted, 10 of 12 by more than 20 % (``docs/planner.md``)."""
+    moe = [e for e in _errors() if e["moe"]]
+    held = {e["run"].name: e["planner"] for e in moe if e["role"] == "held out"}
+    assert len(held) == 9 and sorted(n for n, x in held.items() if abs(x) > 0.2) == ["GPT-OSS 120B, 64 GB200, BF16"]
+    without = [e["run"].predict(without=("expert_fixed",)).step_s / e["run"].step_s - 1 for e in moe]
+    assert len(without) == 12 and all(x < 0 for x in without) and sum(x < -0.2 for x in without) == 10, without
 
 
 def test_runs_that_ran_are_predicted_to_fit():

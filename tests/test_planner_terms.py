@@ -281,6 +281,32 @@ def test_ep_all_to_alls_across_nodes_cost_more_than_inside():
     assert across.parts["ep"] > 2 * inside.parts["ep"]  # half the shares over 50 GB/s, not 7/8 over 370
 
 
+@pytest.mark.parametrize("ep, recompute", [(1, "none"), (4, "none"), (2, "full")])
+def test_each_local_expert_costs_its_fixed_seconds_per_layer_and_micro_batch(ep, recompute):
+    """The experts' fixed cost: layers × E/ep local experts × ``expert_seconds`` per micro-batch (a third forward,
+    two thirds backward), the forward's third again under full recomputation, on every pipeline slot."""
+    c = 1e-4
+    w = planner.Workload(_mixtral(), global_batch=16, seq_len=256, recompute=recompute)
+    cluster = planner.cluster_of("h100", overlap=False, expert_seconds=c)
+    layout = planner.Layout(dp=4, pp=2, ep=ep)  # two layers a stage, four micro-batches per replica, bubble 1
+    p = planner.predict(w, layout, cluster)
+    added = p.step_s - planner.predict(w, layout, cluster, without=("expert_fixed",)).step_s
+    per_micro_batch = MOE_LAYERS // 2 * EXPERTS / ep * c * (4 / 3 if recompute == "full" else 1)
+    torch.testing.assert_close(added, (4 + 1) * per_micro_batch, rtol=1e-9, atol=0)
+    assert planner.predict(w, layout, replace(cluster, expert_seconds=0.0)).step_s == pytest.approx(p.step_s - added)
+    dense = planner.Workload(_llama(), global_batch=16, seq_len=256)
+    assert planner.predict(dense, planner.Layout(dp=8), cluster).parts == \
+        planner.predict(dense, planner.Layout(dp=8), cluster, without=("expert_fixed",)).parts
+
+
+def test_a_larger_ep_pays_fewer_local_experts_fixed_costs():
+    w = planner.Workload(_mixtral(), global_batch=16, seq_len=256)
+    cluster = planner.cluster_of("b200", overlap=False)
+    assert cluster.expert_seconds == planner.EXPERT_SECONDS["blackwell"] < planner.cluster_of("h100").expert_seconds
+    compute = {ep: planner.predict(w, planner.Layout(dp=8, ep=ep), cluster).parts["compute"] for ep in (1, 2, 8)}
+    assert compute[1] > compute[2] > compute[8]
+
+
 # -- memory: the experts over ep × etp, sharded over edp --------------------------------------------------------
 
 @pytest.mark.parametrize("axes, edp", [(dict(dp=8, ep=4), 2), (dict(dp=4, tp=2, ep=4, etp=2), 1),
@@ -336,6 +362,7 @@ def _moe(**changes):
     (lambda: planner.predict(_dense(seq_len=6), planner.Layout(cp=2), planner.Cluster(gpus_per_node=2)),
      "cp=2: seq_len=6 must split into 2 × cp chunks"),
     (lambda: planner.cluster_of("h100", domain=0), "domain"),
+    (lambda: planner.cluster_of("h100", expert_seconds=-1e-3), "expert_seconds=-0.001: a local expert's fixed cost"),
 ])
 def test_bad_input_to_the_new_axes_is_named(make, message):
     with pytest.raises(ValueError, match=re.escape(message)):

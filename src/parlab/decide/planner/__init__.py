@@ -52,10 +52,11 @@ MPT's GELU, which moved the H100 constant).
 dp, tp, pp, cp, ep with etp, vp, HSDP's ``shard``), the workload its precision (``"fp8"`` and its
 :data:`FP8_RECIPES`) and its experts (read from a transformers MoE config), the GPU its rates per precision
 (:data:`GPUS`: A100, H100, H800, B200, GB200; :data:`UTILIZATIONS`, one fitted share per generation and
-precision), the cluster its NVLink domain. FP8's casts, context parallelism's K/V exchange and a MoE's
-all-to-alls are priced in :mod:`~parlab.decide.planner.terms`; :mod:`~parlab.decide.planner.field` prices 40
-published runs of these layouts (:data:`~parlab.decide.planner.field.FITTED` names the rows each new constant
-was fitted on; every other row fitted nothing).
+precision; :data:`EXPERT_SECONDS`, one fitted fixed cost per local expert), the cluster its NVLink domain. FP8's
+casts, context parallelism's K/V exchange, a MoE's all-to-alls and its experts' fixed cost are priced in
+:mod:`~parlab.decide.planner.terms`; :mod:`~parlab.decide.planner.field` prices 40 published runs of these layouts
+(:data:`~parlab.decide.planner.field.FITTED` and :data:`~parlab.decide.planner.field.EXPERT_FITTED` name the rows
+each new constant was fitted on; every other row fitted nothing).
 
 **The package, by idea:** :mod:`~parlab.decide.planner.hardware` (links, collectives, GPUs, clusters),
 :mod:`~parlab.decide.planner.workload` (a model, its batch and precision), :mod:`~parlab.decide.planner.layout` (a
@@ -68,7 +69,7 @@ against, :mod:`~parlab.decide.planner.field_data` the latter's rows). Every name
 ``from parlab.decide.planner import predict``.
 """
 
-from parlab.decide.planner.hardware import (A100, B200, BLACKWELL_UTILIZATION, BUCKET_BYTES, GB200, GPU, GPUS, H100, H800, H100_UTILIZATION, UTILIZATIONS, LINKS, OPS, OPTIMIZER_BYTES_PER_PARAM,
+from parlab.decide.planner.hardware import (A100, B200, BLACKWELL_UTILIZATION, BUCKET_BYTES, GB200, GPU, GPUS, H100, H800, H100_UTILIZATION, UTILIZATIONS, EXPERT_SECONDS, LINKS, OPS, OPTIMIZER_BYTES_PER_PARAM,
                                      UTILIZATION, Cluster, Link, cluster_of, collective_seconds, fitted_link,
                                      ring_costs)
 from parlab.decide.planner.data_parallel import (DEEPSPEED_BUCKET_ELEMENTS, IMPLEMENTATIONS, MEGATRON_BUCKET_PARAMS, RESHARDS,
@@ -84,7 +85,7 @@ from parlab.decide.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_
                                       OUT_OF_SAMPLE_RUNS, PUBLISHED_RUNS, PublishedRun,
                                       baseline_step, baseline_utilization, calibrated_utilization, eq3_flops)
 
-__all__ = ["BLACKWELL_UTILIZATION", "B200", "GB200", "GPUS", "H800", "UTILIZATIONS", "CP_KINDS", "FP8_RECIPES", "PRECISIONS", "ATTENTIONS", "DEEPSPEED_BUCKET_ELEMENTS", "GRAD_DTYPES", "MEGATRON_BUCKET_PARAMS", "bucket_bytes", "bucket_count", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_OUT_OF_SAMPLE_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
+__all__ = ["BLACKWELL_UTILIZATION", "EXPERT_SECONDS", "B200", "GB200", "GPUS", "H800", "UTILIZATIONS", "CP_KINDS", "FP8_RECIPES", "PRECISIONS", "ATTENTIONS", "DEEPSPEED_BUCKET_ELEMENTS", "GRAD_DTYPES", "MEGATRON_BUCKET_PARAMS", "bucket_bytes", "bucket_count", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_OUT_OF_SAMPLE_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
            "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds", "deepspeed_backward_gathers",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",

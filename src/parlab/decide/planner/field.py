@@ -3,9 +3,9 @@ parallelism, HSDP, interleaved pipelines, on H100/H800, B200 and GB200, priced b
 :func:`~parlab.decide.planner.step.predict` (``tests/test_planner_field.py``, ``docs/planner.md``).
 
 The rows are data (:data:`~parlab.decide.planner.field_data.FIELD_RUNS`, each with its source); this module turns
-each into a workload, a layout and a cluster, and names the rows each fitted constant was fitted on
-(:data:`FITTED`): one per GPU generation and precision that :data:`~parlab.decide.planner.hardware.UTILIZATIONS`
-did not already hold. Every other row fitted nothing."""
+each into a workload, a layout and a cluster, and names the rows each fitted constant was fitted on: the
+Blackwells' share of peak (:data:`FITTED`) and each generation's fixed cost per local expert
+(:data:`EXPERT_FITTED`). Every other row fitted nothing."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from parlab.decide.planner.field_data import FIELD_RUNS
 from parlab.decide.planner.hardware import GPUS, Cluster, cluster_of
 from parlab.decide.planner.layout import Layout
-from parlab.decide.planner.published import baseline_step, baseline_utilization
+from parlab.decide.planner.published import baseline_step, baseline_utilization, median_root
 from parlab.decide.planner.step import Prediction, predict
 from parlab.decide.planner.workload import Workload
 
@@ -95,6 +95,8 @@ class FieldRun:
             options["tp_overlap"] = True
         if self.row["tp"] == 1:
             options["tp_overlap"] = False
+        if "moe_a2a_overlap" in (self.row.get("notes") or ""):  # Megatron-Core's --overlap-moe-expert-parallel-comm
+            options["ep_overlap"] = True
         return options
 
     def predict(self, cluster: Cluster | None = None, **options) -> Prediction:
@@ -110,6 +112,12 @@ class FieldRun:
 #: fitted on MPT in bf16): every H100 row here, FP8 or bf16, fitted nothing. Every row not named here fitted nothing.
 FITTED = {"blackwell": ("Llama 3 8B, 8 GB200, FP8 current scaling", "Llama 3 8B, 8 GB200, MXFP8",
                         "Llama 3 8B, 8 B200, FP8 current scaling", "Llama 3 8B, 8 B200, MXFP8")}
+#: The rows each generation's :data:`~parlab.decide.planner.hardware.EXPERT_SECONDS` was fitted on
+#: (:func:`fitted_expert_seconds`): its MoE rows on the fewest GPUs. The term's form, a fixed cost per local expert
+#: per layer and micro-batch, was chosen after the residuals of all 12 MoE rows were seen (``docs/planner.md``):
+#: the other rows are out of sample for the constants, not for the form.
+EXPERT_FITTED = {"blackwell": ("Qwen3 30B-A3B, 8 GB200, MXFP8", "Qwen3 30B-A3B, 8 B200, MXFP8"),
+                 "h100": ("Qwen3 30B-A3B, 16 H100, FP8 current scaling",)}
 #: Published runs that ran but that the planner says do not fit, each with what it leaves out (``docs/planner.md``).
 DOES_NOT_FIT = {
     "Llama 3 70B, 64 GB200, FP8 current scaling, FSDP":
@@ -130,18 +138,24 @@ def field_runs() -> tuple[FieldRun, ...]:
 
 
 def role(run: FieldRun) -> str:
-    """``"fitted"`` where the run is in :data:`FITTED`, else ``"held out"``."""
-    return "fitted" if run.name in FITTED.get(run.generation, ()) else "held out"
+    """``"fitted"`` where the run is in :data:`FITTED` or :data:`EXPERT_FITTED`, else ``"held out"``."""
+    fitted = FITTED.get(run.generation, ()) + EXPERT_FITTED.get(run.generation, ())
+    return "fitted" if run.name in fitted else "held out"
 
 
 def baseline_shares() -> dict:
     """The trivial model's constant per generation, fitted on the same rows as the planner's: the Blackwells' on
-    :data:`FITTED`'s, the H100's on chapter 07's MPT rows (``baseline_utilization``)."""
+    :data:`FITTED`'s and :data:`EXPERT_FITTED`'s, the H100's on chapter 07's MPT rows (``baseline_utilization``)
+    and :data:`EXPERT_FITTED`'s. One constant each, where the planner has two."""
     from parlab.decide.planner.published import H100_CALIBRATION_RUNS
 
     by_name = {run.name: run for run in field_runs()}
-    return {"h100": baseline_utilization(H100_CALIBRATION_RUNS),
-            "blackwell": baseline_utilization([by_name[n] for n in FITTED["blackwell"]])}
+
+    def rows(generation):
+        return [by_name[n] for n in FITTED.get(generation, ()) + EXPERT_FITTED.get(generation, ())]
+
+    return {"h100": baseline_utilization(list(H100_CALIBRATION_RUNS) + rows("h100")),
+            "blackwell": baseline_utilization(rows("blackwell"))}
 
 
 def errors() -> list[dict]:
@@ -156,19 +170,25 @@ def errors() -> list[dict]:
     return out
 
 
-def fitted_share(runs) -> float:
-    """The generation's share of peak (the same for bf16 and FP8) at which the median of ``runs``' predicted ÷
-    published steps is 1 (bisection on the monotone median)."""
+def _priced(runs):
     if len({run.generation for run in runs}) != 1:
         raise ValueError("runs mix GPU generations; fit one constant per generation")
-    priced = [(run, run.workload()) for run in runs]
+    return [(run, run.workload()) for run in runs]
 
-    def median_ratio(u):
-        return statistics.median(predict(w, run.layout, run.cluster(utilization=u, fp8_utilization=u),
-                                         **run.options()).step_s / run.step_s for run, w in priced)
 
-    low, high = 0.1, 1.0
-    for _ in range(30):
-        middle = (low + high) / 2
-        low, high = (middle, high) if median_ratio(middle) > 1 else (low, middle)
-    return (low + high) / 2
+def fitted_share(runs) -> float:
+    """The generation's share of peak (the same for bf16 and FP8) at which the median of ``runs``' predicted ÷
+    published steps is 1."""
+    priced = _priced(runs)
+    return median_root(lambda u: statistics.median(
+        predict(w, run.layout, run.cluster(utilization=u, fp8_utilization=u), **run.options()).step_s / run.step_s
+        for run, w in priced), 0.1, 1.0)
+
+
+def fitted_expert_seconds(runs) -> float:
+    """The generation's fixed cost of a local expert per MoE layer and micro-batch at which the median of
+    ``runs``' predicted ÷ published steps is 1 (:data:`EXPERT_FITTED`)."""
+    priced = _priced(runs)
+    return median_root(lambda c: statistics.median(
+        predict(w, run.layout, run.cluster(expert_seconds=c), **run.options()).step_s / run.step_s
+        for run, w in priced), 0.0, 0.01)

@@ -1,6 +1,6 @@
 """The machine (chapter 07; chapters 02, 04, 05 and 06 use its links and collectives): links and their α-β
-costs on a ring, GPUs, a cluster of nodes, and one fitted constant per GPU generation (:data:`UTILIZATION`,
-:data:`H100_UTILIZATION`)."""
+costs on a ring, GPUs, a cluster of nodes, and the fitted constants of each GPU generation: its share of peak
+(:data:`UTILIZATIONS`) and a mixture of experts' fixed cost per local expert (:data:`EXPERT_SECONDS`)."""
 
 from __future__ import annotations
 
@@ -197,6 +197,13 @@ BLACKWELL_UTILIZATION = 0.62
 #: on an H100 fitted nothing (``docs/planner.md``, "Today's layouts"). The A100 has no FP8.
 UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATION, ("h100", "fp8"): H100_UTILIZATION,
                 ("blackwell", "bf16"): BLACKWELL_UTILIZATION, ("blackwell", "fp8"): BLACKWELL_UTILIZATION}
+#: Seconds a rank spends per local expert per MoE layer and micro-batch (forward and backward together) beyond its
+#: FLOPs and bytes: the fixed cost of running each expert as its own small matrix products (Transformer Engine's
+#: grouped linear layers launch and quantise expert by expert, and a dropless dispatch waits on the device for
+#: the tokens each expert got), independent of how many tokens it got. One fitted constant per generation,
+#: each on its MoE rows on the fewest GPUs (:data:`~parlab.decide.planner.field.EXPERT_FITTED`: 0.38 ms on the
+#: Blackwells, 1.28 ms on the H100); the A100, with no MoE row, takes the H100's, assumed (``docs/ci.md``).
+EXPERT_SECONDS = {"a100": 1.28e-3, "h100": 1.28e-3, "blackwell": 0.38e-3}
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB
@@ -210,7 +217,8 @@ class Cluster:
     one node; a GB200 NVL72 rack joins 72 (18 trays of 4), so tensor and expert parallelism can leave the
     tray. ``overlap``: collectives run beside computation (GPUs) or take turns with it (CPU ranks).
     ``utilization``: the GPU's share of peak on 16-bit matrix products, ``fp8_utilization`` on FP8 ones; by
-    default its generation's fitted ones (:data:`UTILIZATIONS`)."""
+    default its generation's fitted ones (:data:`UTILIZATIONS`). ``expert_seconds``: a local expert's fixed
+    cost per MoE layer and micro-batch, by default its generation's (:data:`EXPERT_SECONDS`)."""
 
     gpu: GPU = A100
     gpus_per_node: int = 8
@@ -221,6 +229,7 @@ class Cluster:
     overlap: bool = True
     domain: int | None = None
     fp8_utilization: float | None = None
+    expert_seconds: float | None = None
 
     def __post_init__(self):
         positive_int("gpus_per_node", self.gpus_per_node, "GPUs in a node")
@@ -229,6 +238,11 @@ class Cluster:
             object.__setattr__(self, "utilization", UTILIZATIONS[(self.gpu.generation, "bf16")])
         if self.fp8_utilization is None:
             object.__setattr__(self, "fp8_utilization", UTILIZATIONS.get((self.gpu.generation, "fp8")))
+        if self.expert_seconds is None:
+            object.__setattr__(self, "expert_seconds", EXPERT_SECONDS[self.gpu.generation])
+        if not self.expert_seconds >= 0:
+            raise ValueError(f"expert_seconds={self.expert_seconds!r}: a local expert's fixed cost per MoE layer and "
+                             f"micro-batch, in seconds, at least 0")
         if self.domain is None:
             object.__setattr__(self, "domain", self.gpus_per_node)
         positive_int("domain", self.domain, "GPUs joined by the intra link (an NVLink domain)")

@@ -201,16 +201,19 @@ def calibrated_utilization(runs=PUBLISHED_RUNS) -> float:
     workloads = [(run, run.workload()) for run in runs]
     if len({run.nodes_kind == "h100" for run in runs}) != 1:
         raise ValueError("runs mix GPU generations; fit one constant per generation")
+    return median_root(lambda u: statistics.median(
+        predict(w, run.layout, run.cluster(utilization=u), implementation=run.implementation).step_s / run.step_s
+        for run, w in workloads), 0.2, 1.0)
 
-    def median_ratio(u):
-        return statistics.median(predict(w, run.layout, run.cluster(utilization=u),
-                                         implementation=run.implementation).step_s / run.step_s
-                                 for run, w in workloads)
 
-    low, high = 0.2, 1.0
-    for _ in range(30):
+def median_root(median_ratio, low: float, high: float, steps: int = 30) -> float:
+    """The value in [``low``, ``high``] at which ``median_ratio`` (the median of some runs' predicted ÷
+    published steps, monotone in the value) is 1, by bisection: how each fitted constant of the planner is
+    found from its named runs."""
+    rising = median_ratio(high) > median_ratio(low)
+    for _ in range(steps):
         middle = (low + high) / 2
-        low, high = (middle, high) if median_ratio(middle) > 1 else (low, middle)
+        low, high = (middle, high) if (median_ratio(middle) < 1) == rising else (low, middle)
     return (low + high) / 2
 
 

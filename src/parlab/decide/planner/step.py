@@ -48,7 +48,7 @@ class Prediction:
 
 #: The cost terms :func:`predict` can leave out (``without=``), each to show what it adds (``tests/test_planner.py``).
 TERMS = ("attention", "attention_kernel", "memory_bound", "recompute", "tp", "pp", "bubble", "dp", "dp_overlap",
-         "latency", "optimizer", "fp8_scaling", "cp", "ep")
+         "latency", "optimizer", "fp8_scaling", "cp", "ep", "expert_fixed")
 #: DeepSpeed ZeRO-3's prefetch buffer, in parameters: ``stage3_prefetch_bucket_size``'s default, 5e7,
 #: "maximum number of parameter elements to fetch ahead of use" (``deepspeed/runtime/zero/config.py``); a
 #: tensor larger than it is gathered when needed, not ahead.
@@ -268,7 +268,12 @@ def _computation(w: Workload, layers: int, last: bool, layout: Layout, cluster: 
     # backward: twice the forward, plus what recomputation redoes (the layers' forward, or their attention
     # core); a fused attention kernel's backward recomputes the scores too (Workload.fused_backward_flops)
     fused = layers * one_attention * w.fused_backward_flops / w.attention_flops
-    return layers_s, forward + scaling / 3, 2 * forward + redo + fused + 2 * scaling / 3, one_attention
+    # each local expert's fixed cost per layer, beyond its FLOPs (terms.expert_fixed)
+    fixed_forward, fixed_backward = _terms.expert_fixed(w, layout, cluster, layers, off)
+    if redo and w.recompute == "full":  # full recomputation runs each expert forward again
+        fixed_backward += fixed_forward
+    return (layers_s, forward + scaling / 3 + fixed_forward,
+            2 * forward + redo + fused + 2 * scaling / 3 + fixed_backward, one_attention)
 
 
 def _messages(w: Workload, layout: Layout, cluster: Cluster, layers: int, off) -> tuple[float, float, float]:

@@ -64,3 +64,14 @@ def experts(w: Workload, layout: Layout, cluster: Cluster, layers: int, off) -> 
                      + collective_seconds("reduce_scatter", layout.tp * routed, costs))
     permute = 4 * routed / cluster.gpu.memory_bandwidth  # read and write, there and back
     return layers * (exchange + permute), layers * (exchange + permute)
+
+
+def expert_fixed(w: Workload, layout: Layout, cluster: Cluster, layers: int, off) -> tuple[float, float]:
+    """(forward, backward) seconds a MoE's experts cost per micro-batch on the slowest stage beyond their FLOPs
+    and bytes: per layer, each of the rank's E/ep local experts costs :attr:`Cluster.expert_seconds` (a third
+    forward, two thirds backward, as its matrix products split), however many tokens it got. This is why a
+    run with many small experts on each rank is slower than its FLOPs say, and why a larger ep helps it."""
+    if not w.experts or "expert_fixed" in off:
+        return 0.0, 0.0
+    fixed = layers * w.experts[0] / layout.ep * cluster.expert_seconds
+    return fixed / 3, 2 * fixed / 3

@@ -46,13 +46,14 @@ def test_each_expert_constant_is_the_fit_of_its_named_rows():
 
 def test_held_out_rows_against_the_trivial_model_on_each_generation():
     """On the 22 H100 rows that fitted nothing the planner's median miss is a fifth of the trivial model's and it is
-    closer on 21; on the 11 Blackwell rows it misses by 9 % at the median against the trivial model's 12 %, closer on
-    7. The trivial model's one constant per generation is fitted on every row the planner's two were."""
+    closer on 21; on the 11 Blackwell rows only narrowly below it (11.5 % against 12.4 %), closer on 7: ahead on
+    the MoE rows, behind on the dense ones (docs/planner.md). The trivial model's one constant per generation is
+    fitted on every row the planner's two were."""
     held = {g: [e for e in _errors() if e["role"] == "held out" and e["run"].generation == g] for g in ("h100", "blackwell")}
     miss = {g: (statistics.median(abs(e["planner"]) for e in rows), statistics.median(abs(e["trivial"]) for e in rows),
                 sum(abs(e["planner"]) < abs(e["trivial"]) for e in rows)) for g, rows in held.items()}
     assert len(held["h100"]) == 22 and miss["h100"][0] < miss["h100"][1] / 4 and miss["h100"][2] == 21, miss
-    assert len(held["blackwell"]) == 11 and miss["blackwell"][0] < 0.8 * miss["blackwell"][1], miss
+    assert len(held["blackwell"]) == 11 and 0.85 * miss["blackwell"][1] < miss["blackwell"][0] < miss["blackwell"][1], miss
     assert miss["blackwell"][2] == 7, miss
 
 
@@ -64,11 +65,12 @@ def test_held_out_dense_rows_within_the_band():
 
 
 def test_held_out_mixtures_of_experts_within_the_band():
-    """MoE rows that fitted nothing: 8 of 9 inside ±20 % (GPT-OSS on 64 GB200 is 26 % fast). Without the experts'
-    fixed cost every MoE row ran slower than predicted, 10 of 12 by more than 20 % (``docs/planner.md``)."""
+    """MoE rows that fitted nothing: 7 of 9 inside ±20 % (GPT-OSS on 64 B200 and 64 GB200 are 28 % and 26 % fast).
+    Without the experts' fixed cost every MoE row ran slower than predicted, 10 of 12 by more than 20 %
+    (``docs/planner.md``)."""
     moe = [e for e in _errors() if e["moe"]]
     held = {e["run"].name: e["planner"] for e in moe if e["role"] == "held out"}
-    assert len(held) == 9 and sorted(n for n, x in held.items() if abs(x) > 0.2) == ["GPT-OSS 120B, 64 GB200, BF16"]
+    assert len(held) == 9 and sorted(n for n, x in held.items() if abs(x) > 0.2) == ["GPT-OSS 120B, 64 B200, BF16", "GPT-OSS 120B, 64 GB200, BF16"]
     without = [e["run"].predict(without=("expert_fixed",)).step_s / e["run"].step_s - 1 for e in moe]
     assert len(without) == 12 and all(x < 0 for x in without) and sum(x < -0.2 for x in without) == 10, without
 
@@ -76,4 +78,4 @@ def test_held_out_mixtures_of_experts_within_the_band():
 def test_runs_that_ran_are_predicted_to_fit():
     misses = {e["run"].name for e in _errors() if not e["fits"]}
     assert misses == set(field.DOES_NOT_FIT), misses ^ set(field.DOES_NOT_FIT)
-    assert len(misses) == 5 and len(_errors()) == 40
+    assert len(misses) == 4 and len(_errors()) == 40

@@ -42,7 +42,9 @@ MEGATRON_BRIDGE_FLOPS = (
 MB_NOTE = (
     "Megatron-Core distributed optimizer unless FSDP > 0 (then Megatron-FSDP, sharding group "
     "#GPUs/(TP*PP)); the Llama 3 pretrain recipe's DDP: use_distributed_optimizer, grad_reduce_in_fp32, "
-    "overlap_grad_reduce and overlap_param_gather all True (src/megatron/bridge/recipes/llama/llama3.py); "
+    "overlap_grad_reduce and overlap_param_gather all True (src/megatron/bridge/recipes/llama/llama3.py), "
+    "but every performance config sets grad_reduce_in_fp32 = False, so gradients are kept and reduced in bf16 "
+    "(scripts/performance/configs/*/*_llm_pretrain.py at 97ad8cc6f, e.g. llama3's set_llama3_common_configs); "
     "sequence parallelism with TP > 1; MoE rows force-balance tokens over experts and are "
     "token-dropless (table footnote); the recipe preset behind a row (scripts/performance/configs, commit "
     "97ad8cc6f) may not match the printed layout exactly.")

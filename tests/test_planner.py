@@ -201,7 +201,7 @@ def test_candidates_put_what_fits_first_then_the_fastest():
     (lambda: planner.predict(_workload(), planner.Layout(dp=4, vp=2), planner.Cluster(gpus_per_node=4)),
      "pp=1 has no pipeline to interleave"),
     (lambda: _workload(attention=None), "attention=None; choose one of 'sdpa', 'eager'"),
-    (lambda: _workload(recompute="some"), "recompute='some'; choose one of 'none', 'selective', 'full'"),
+    (lambda: _workload(recompute="some"), "recompute='some'; choose one of 'none', 'selective', 'op', 'full'"),
     (lambda: _workload(checkpointing=True, recompute="selective"), "checkpointing=True means recompute='full'"),
     (lambda: planner.predict(_workload(), planner.Layout(dp=4), planner.Cluster(gpus_per_node=4), without=("io",)),
      "without=['io']: not cost terms"),

@@ -307,6 +307,58 @@ def test_a_larger_ep_pays_fewer_local_experts_fixed_costs():
     assert compute[1] > compute[2] > compute[8]
 
 
+class _Trace(torch.utils._python_dispatch.TorchDispatchMode):
+    """Each op a forward runs, with its outputs, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if torch.is_tensor(t)]))
+        return out
+
+
+def test_op_recompute_keeps_what_torchtitans_policy_saves_of_a_llama_layer():
+    """``recompute="op"``: torchtitan's policy (its ``_save_list``, every second ``aten.mm`` left out; on CPU
+    its flash attention is spelled ``_scaled_dot_product_flash_attention_for_cpu``) applied to the ops a
+    transformers Llama layer runs in bf16, plus the layer's input, keeps the bytes the planner counts."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    config = _llama(intermediate_size=96)
+    config._attn_implementation = "sdpa"
+    layer, rope = LlamaDecoderLayer(config, 0).to(torch.bfloat16), LlamaRotaryEmbedding(config)
+    x = torch.randn(MICRO, SEQ, H, dtype=torch.bfloat16)
+    with torch.no_grad(), _Trace() as trace:
+        layer(x, position_embeddings=rope(x, torch.arange(SEQ)[None]), attention_mask=None)
+    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    kept, mms = x.nbytes, 0
+    for func, outputs in trace.ops:
+        mms += func == torch.ops.aten.mm.default
+        if func in save and not (func == torch.ops.aten.mm.default and mms % 2 == 0):
+            kept += sum(t.nbytes for t in outputs)
+    assert mms == 7
+    w = planner.Workload(config, global_batch=MICRO, seq_len=SEQ, micro_batch=MICRO, recompute="op")
+    assert w.op_layer_bytes() == kept
+    assert w.op_recompute_flops == 2 * (H * KV_HEADS * HEAD_DIM + HEADS * HEAD_DIM * H + H * 96)  # k, o, up
+
+
+def test_op_recompute_prices_its_memory_and_its_rerun_products():
+    """Memory: what the policy keeps, plus one layer whole while it is recomputed; time: k, o and up again,
+    and the memory-bound pass."""
+    w = planner.Workload(_big_llama(), global_batch=8, seq_len=4096, recompute="op")
+    none = replace(w, recompute="none")
+    cluster = planner.cluster_of("h100", overlap=False)
+    p, q = (planner.predict(x, planner.Layout(dp=8), cluster) for x in (w, none))
+    assert p.memory.activations < q.memory.activations
+    redo = p.step_s - planner.predict(w, planner.Layout(dp=8), cluster, without=("recompute",)).step_s
+    tokens = 4096
+    expected = 2 * (tokens * w.op_recompute_flops / cluster.rate("bf16")
+                    + w.layer_bytes() / cluster.gpu.memory_bandwidth)  # two layers, one micro-batch
+    torch.testing.assert_close(redo, expected, rtol=1e-9, atol=0)
+
+
 # -- memory: the experts over ep × etp, sharded over edp --------------------------------------------------------
 
 @pytest.mark.parametrize("axes, edp", [(dict(dp=8, ep=4), 2), (dict(dp=4, tp=2, ep=4, etp=2), 1),
@@ -363,6 +415,7 @@ def _moe(**changes):
      "cp=2: seq_len=6 must split into 2 × cp chunks"),
     (lambda: planner.cluster_of("h100", domain=0), "domain"),
     (lambda: planner.cluster_of("h100", expert_seconds=-1e-3), "expert_seconds=-0.001: a local expert's fixed cost"),
+    (lambda: _moe(recompute="op"), "recompute='op' counts a dense Llama-style layer"),
 ])
 def test_bad_input_to_the_new_axes_is_named(make, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -81,8 +81,8 @@ class FieldRun:
         model = dict(r["model"])
         config = getattr(transformers, model.pop("class"))(**model)
         recompute = str(r.get("recompute") or "none")
-        recompute = "full" if recompute.startswith("full") else recompute if recompute in ("selective", "none") \
-            else "selective"
+        recompute = "full" if recompute.startswith("full") else "op" if "'op' policy" in recompute \
+            else recompute if recompute in ("selective", "none") else "selective"
         return Workload(config, global_batch=r["global_batch"], seq_len=r["seq_len"], micro_batch=r["micro_batch"],
                         precision=r["precision"], fp8_recipe=r.get("fp8_recipe") or "tensorwise",
                         fp8_gather=bool(r.get("fp8_gather")), recompute=recompute,
@@ -126,9 +126,6 @@ DOES_NOT_FIT = {
     "GPT-OSS 120B, 64 H100, BF16": "unexplained: 119 GB of 80 at the printed micro-batch of 4 (the recipe preset at "
                                    "97ad8cc6f runs 1, where it fits at 63 GB but is priced 78 % slow; the printed "
                                    "gradient accumulation, 2, matches neither)",
-    "Llama 3.1 8B, 8 H100, FSDP, eager": "torchtitan's op-level selective checkpointing keeps less than Korthikanti's "
-                                         "selective recomputation, which the planner prices",
-    "Llama 3.1 8B, 8 H100, FSDP, compiled": "as the eager row: 99 GB of 96 priced",
 }
 
 

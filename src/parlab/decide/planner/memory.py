@@ -40,8 +40,12 @@ def stage_memory(workload: Workload, layout: Layout, zero_stage: int, dense: flo
                          optimizer=states.optimizer + more.optimizer)
         notes += (f"experts over ep {layout.ep} × etp {layout.etp}, sharded over {held}",)
     activations = -(-acts.activations // layout.cp)
-    if w.fused and w.recompute != "full":  # what the fused kernels keep, against what the eager modules keep
-        activations = round(activations * w.fused_layer_bytes(layout.tp) / w.layer_bytes(layout.tp))
+    layer = w.fused_layer_bytes(layout.tp) if w.fused else w.layer_bytes(layout.tp)
+    if w.recompute == "op":  # what torchtitan's policy keeps, and one layer whole while it is recomputed
+        activations = round(activations * w.op_layer_bytes(layout.tp) / w.layer_bytes(layout.tp) + layer / layout.cp)
+        notes += ("op-level selective checkpointing: every second matrix product's output and attention's kept",)
+    elif w.fused and w.recompute != "full":  # what the fused kernels keep, against what the eager modules keep
+        activations = round(activations * layer / w.layer_bytes(layout.tp))
         notes += ("fused kernels: what their matrix products and attention keep",)
     if layout.cp > 1:
         notes += (f"context parallel: activations of seq_len/{layout.cp} tokens per rank",)

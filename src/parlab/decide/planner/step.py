@@ -68,8 +68,8 @@ def deepspeed_backward_gathers(layer_params: float, recompute: str) -> int:
     backward, every tensor of the layer is fetched once each way, 2 × ``layer_params`` (per rank); or when the
     layer alone exceeds :data:`DEEPSPEED_MAX_LIVE_PARAMS`. So a layer of more than 0.5 B parameters (GPT-3's
     1.8 B) is gathered three times a step, a smaller one twice."""
-    if recompute not in ("none", "selective", "full"):
-        raise ValueError(f"recompute={recompute!r}; choose 'none', 'selective' or 'full'")
+    if recompute not in ("none", "selective", "op", "full"):
+        raise ValueError(f"recompute={recompute!r}; choose 'none', 'selective', 'op' or 'full'")
     if layer_params <= 0:
         raise ValueError(f"layer_params={layer_params!r} must be positive (one layer's parameters on a rank)")
     if recompute != "full":
@@ -261,7 +261,10 @@ def _computation(w: Workload, layers: int, last: bool, layout: Layout, cluster: 
     if "memory_bound" not in off:
         layers_s += layers * w.layer_bytes(tp) / layout.cp / cluster.gpu.memory_bandwidth
     forward = layers_s + output_s
-    redo = {"full": layers_s, "selective": layers * one_attention}[w.recompute] \
+    # torchtitan's op-level policy reruns k, o and up, and every memory-bound op of the layer
+    op_redo = layers * (w.op_recompute_flops * tokens / tp / linear_rate
+                        + w.layer_bytes(tp) / layout.cp / cluster.gpu.memory_bandwidth) if w.recompute == "op" else 0.0
+    redo = {"full": layers_s, "selective": layers * one_attention, "op": op_redo}[w.recompute] \
         if w.recompute != "none" and "recompute" not in off else 0.0
     # FP8's casts (memory-bound): each linear layer's inputs, output gradients and weights
     scaling = 0.0 if "fp8_scaling" in off else _terms.fp8_scaling(w, layers, tokens, layout, cluster)

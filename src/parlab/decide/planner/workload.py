@@ -12,7 +12,10 @@ from parlab.decide.planner.counting import experts_of, layer_bytes_of, layer_ten
 #: What a :class:`Workload`'s attention keeps for backward (the estimator's ``attention``, chapter 01).
 ATTENTIONS = ("sdpa", "eager", "cudnn")
 #: How much of each layer's forward backward runs again.
-RECOMPUTES = ("none", "selective", "full")
+RECOMPUTES = ("none", "selective", "op", "full")
+#: The decoder layers whose matrix products run in Llama's order (q, k, v, o; gate, up, down), which
+#: ``recompute="op"`` counts on.
+OP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 #: The training precisions: fp32, mixed precision computing in bf16 or fp16 (chapter 01's estimator's), or
 #: ``"fp8"``: bf16 mixed precision whose linear layers' matrix products run in FP8 (:attr:`Workload.fp8_recipe`).
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
@@ -40,8 +43,10 @@ class Workload:
     FlashAttention-3's class on an H100: :attr:`GPU.attention_flops`) or ``"eager"`` (the scores kept, as Megatron-LM's 2021-22 softmax kernel did); always named,
     never guessed from the config. ``recompute``: ``"none"``, ``"selective"`` (Korthikanti et al. 2022,
     §5: only the attention core, softmax(QKᵀ)·V, recomputed: its s × s activations never kept, its 4·s·h
-    FLOPs per token run again in backward) or ``"full"`` (every layer's forward redone in backward, only its
-    input kept); ``checkpointing=True`` is ``recompute="full"``. ``sequence_parallel``: the activations
+    FLOPs per token run again in backward), ``"op"`` (torchtitan's op-level selective checkpointing of a
+    Llama layer: its input, every other matrix product's output (q, v, gate, down) and attention's output
+    kept; k, o and up recomputed with every elementwise op: :meth:`op_layer_bytes`) or ``"full"`` (every
+    layer's forward redone in backward, only its input kept); ``checkpointing=True`` is ``recompute="full"``. ``sequence_parallel``: the activations
     outside TP's matrix products split over the tp ranks too (Korthikanti et al. 2022, §4.2.2; chapter 05).
 
     ``precision="fp8"``: the linear layers' matrix products in FP8, scaled by ``fp8_recipe``
@@ -98,6 +103,11 @@ class Workload:
             raise ValueError(f"recompute={self.recompute!r}; choose one of {', '.join(map(repr, RECOMPUTES))}")
         if self.checkpointing and self.recompute not in (None, "full"):
             raise ValueError(f"checkpointing=True means recompute='full'; got recompute={self.recompute!r} too")
+        kind = getattr(self.config, "model_type", None)
+        if self.recompute == "op" and (self.experts or kind not in OP_MODEL_TYPES):
+            raise ValueError(f"recompute='op' counts a dense Llama-style layer (model_type one of "
+                             f"{', '.join(map(repr, OP_MODEL_TYPES))}); this config is {kind!r}"
+                             f"{' with experts' if self.experts else ''}: use 'selective'")
         if self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"fp8_recipe={self.fp8_recipe!r}; choose one of {', '.join(map(repr, FP8_RECIPES))}")
         if self.capacity_factor is not None and not (self.experts and self.capacity_factor >= 1):
@@ -292,7 +302,7 @@ class Workload:
     @property
     def kept_attention(self) -> str:
         """What the attention keeps for backward: selective recomputation keeps what a fused kernel keeps."""
-        return "sdpa" if self.recompute == "selective" or self.attention == "cudnn" else self.attention
+        return "sdpa" if self.recompute in ("selective", "op") or self.attention == "cudnn" else self.attention
 
     @property
     def heads(self) -> int:
@@ -345,4 +355,25 @@ class Workload:
         72·B·L·s·h²·s/6h = 12·B·s²·h per layer: three times the 4·B·s²·h its text adds. What it costs in
         time is Table 4's: 7 % of a 22B layer's forward and backward, 4 % with SP (the softmax and dropout
         it reruns are memory-bound, not FLOPs)."""
+        if self.recompute == "op":
+            return self.op_recompute_flops
         return {"full": self.layer_flops, "selective": self.attention_flops, "none": 0.0}[self.recompute]
+
+    @property
+    def op_recompute_flops(self) -> float:
+        """FLOPs per token and layer ``recompute="op"`` runs again: the three matrix products whose outputs it
+        does not keep (every second one: k, o and up), 2·(h·g·d_qk + a·d_v·h + h·f)."""
+        h, f, (qk, v) = self.hidden, self.dense.intermediate_size, self.head_dims
+        return 2 * (h * self.kv_heads * qk + self.heads * v * h + h * f)
+
+    def op_layer_bytes(self, tp: int = 1) -> float:
+        """Bytes one layer keeps per micro-batch on one of ``tp`` ranks under ``recompute="op"``: torchtitan's
+        policy keeps every op's output in its list but every second matrix product's (``_save_list``:
+        ``aten.mm``, the attention kernels, ``reduce_scatter``; ``torchtitan/parallelisms/parallelize_llama.py``
+        at 9dec370), so of a Llama layer: its input (h), q (a·d_qk), v (g·d_v), attention's output (a·d_v) and
+        log-sum-exp (a fp32 values), gate (f) and down (h) per token. Under torchao's FP8 the products are
+        ``_scaled_mm``, not in the list: only the input and attention's outputs are kept."""
+        h, f, (qk, v) = self.hidden, self.dense.intermediate_size, self.head_dims
+        products = 0 if self.precision == "fp8" else self.heads * qk + self.kv_heads * v + f + h
+        values = h + self.heads * v + products
+        return self.micro_batch * self.seq_len * (values * self.value_bytes + 4 * self.heads) / tp

@@ -359,6 +359,21 @@ def test_op_recompute_prices_its_memory_and_its_rerun_products():
     torch.testing.assert_close(redo, expected, rtol=1e-9, atol=0)
 
 
+@pytest.mark.parametrize("changes", [dict(fused=True), dict(checkpointing=True), dict(recompute="op")])
+def test_offloaded_layers_leave_their_activations_but_one_in_flight(changes):
+    """``offload_layers``: that many layers' activations in host memory, for each of the p micro-batches the first
+    stage holds, one layer's back on the GPU at a time; never more than the stage's layers but one."""
+    config = _llama(num_hidden_layers=8)
+    w = planner.Workload(config, global_batch=8, seq_len=SEQ, micro_batch=2, **changes)
+    cluster = planner.Cluster(gpus_per_node=2)
+    kept = {0: None, 3: None, 7: None}
+    for n in kept:
+        kept[n] = planner.predict(replace(w, offload_layers=n), planner.Layout(pp=2), cluster).memory.activations
+    per_layer = (w.op_layer_bytes() if w.recompute == "op" else w.fused_layer_bytes())
+    assert kept[0] - kept[3] == pytest.approx(5 * per_layer, abs=2)  # 3 offloaded × 2 micro-batches, one in flight
+    assert kept[0] - kept[7] == pytest.approx(5 * per_layer, abs=2)  # a stage of 4 layers: 3 at most
+
+
 # -- memory: the experts over ep × etp, sharded over edp --------------------------------------------------------
 
 @pytest.mark.parametrize("axes, edp", [(dict(dp=8, ep=4), 2), (dict(dp=4, tp=2, ep=4, etp=2), 1),
@@ -416,6 +431,8 @@ def _moe(**changes):
     (lambda: planner.cluster_of("h100", domain=0), "domain"),
     (lambda: planner.cluster_of("h100", expert_seconds=-1e-3), "expert_seconds=-0.001: a local expert's fixed cost"),
     (lambda: _moe(recompute="op"), "recompute='op' counts a dense Llama-style layer"),
+    (lambda: _dense(offload_layers=LAYERS), f"offload_layers={LAYERS}: the layers whose activations go to host memory"),
+    (lambda: _dense(offload_layers=-1), "offload_layers=-1"),
 ])
 def test_bad_input_to_the_new_axes_is_named(make, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parlab.lab.measure.memory import MemoryEstimate, estimate_memory
-from parlab.decide.planner.layout import Layout
+from parlab.decide.planner.layout import Layout, stage_layers
 from parlab.decide.planner.workload import Workload
 
 
@@ -47,6 +47,14 @@ def stage_memory(workload: Workload, layout: Layout, zero_stage: int, dense: flo
     elif w.fused and w.recompute != "full":  # what the fused kernels keep, against what the eager modules keep
         activations = round(activations * layer / w.layer_bytes(layout.tp))
         notes += ("fused kernels: what their matrix products and attention keep",)
+    # offloaded: those layers' activations in host memory for each of the p micro-batches the first stage holds,
+    # but one layer's in flight
+    offloaded = layout.pp * min(w.offload_layers, max(stage_layers(w, layout.pp)) - 1)
+    if offloaded > 1:
+        kept = (w.op_layer_bytes(layout.tp) if w.recompute == "op" else w.fused_layer_bytes(layout.tp)
+                if w.fused or w.checkpointing else w.layer_bytes(layout.tp)) / layout.cp
+        activations -= round((offloaded - 1) * kept)
+        notes += (f"offload: {offloaded} layer-micro-batches' activations in host memory, one in flight",)
     if layout.cp > 1:
         notes += (f"context parallel: activations of seq_len/{layout.cp} tokens per rank",)
     whole = replace(states, activations=activations, buckets=round(working_set), notes=notes + (

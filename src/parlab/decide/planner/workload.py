@@ -62,6 +62,10 @@ class Workload:
     count the active experts (top-k, and the shared ones), memory every expert. ``capacity_factor``: each
     expert computes a buffer of ``capacity_factor`` × its even share of the tokens, padded or dropped to it;
     ``None``: dropless (each expert computes exactly its tokens, assumed balanced).
+
+    ``offload_layers``: the activations of that many layers of a rank's stage leave for host memory during
+    forward and come back for backward (Megatron-Core's ``cpu_offloading_num_layers``), one of them in flight
+    at a time; their transfers are assumed hidden behind the computation.
     """
 
     model: object
@@ -78,6 +82,7 @@ class Workload:
     fp8_gather: bool = False
     fused: bool = False
     capacity_factor: float | None = None
+    offload_layers: int = 0
     num_params: int = field(init=False)
     root_params: int = field(init=False)
     config: object = field(init=False, repr=False)
@@ -108,6 +113,9 @@ class Workload:
             raise ValueError(f"recompute='op' counts a dense Llama-style layer (model_type one of "
                              f"{', '.join(map(repr, OP_MODEL_TYPES))}); this config is {kind!r}"
                              f"{' with experts' if self.experts else ''}: use 'selective'")
+        if not (isinstance(self.offload_layers, int) and 0 <= self.offload_layers < self.layers):
+            raise ValueError(f"offload_layers={self.offload_layers!r}: the layers whose activations go to host memory, "
+                             f"0 to {self.layers - 1} (fewer than the model's {self.layers}, as Megatron-Core requires)")
         if self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"fp8_recipe={self.fp8_recipe!r}; choose one of {', '.join(map(repr, FP8_RECIPES))}")
         if self.capacity_factor is not None and not (self.experts and self.capacity_factor >= 1):

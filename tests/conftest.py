@@ -55,7 +55,7 @@ LONG_SCOPES = {"tests/test_own_job.py": 130, "tests/test_notebooks.py::test_eigh
                "tests/test_course.py": 60, "tests/test_torchrun.py": 35, "tests/test_job.py": 50,
                "tests/test_simgpu.py": 90, "tests/test_edition.py": 15,
                "tests/test_edition_runs.py::test_chapters_in_chinese_run_headless[00_welcome]": 60,
-               "tests/test_edition_runs.py::test_chapters_in_chinese_run_headless[02_collectives]": 55, "tests/test_gpu_smoke.py": 90, "tests/test_world_size_one.py": 25}
+               "tests/test_gpu_smoke.py": 90, "tests/test_world_size_one.py": 25}
 
 
 def _expected_seconds(scope: str, tests: int) -> float:

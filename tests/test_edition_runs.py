@@ -1,5 +1,6 @@
-"""Chapters of the Chinese edition run headless, as the English ones do (``tests/test_notebooks.py``): each
-run is a scope of its own under ``./lab test`` (``tests/conftest.py``), so that the two share the workers."""
+"""A chapter of the Chinese edition runs headless, as the English ones do (``tests/test_notebooks.py``): a scope
+of its own under ``./lab test`` (``tests/conftest.py``). The others, chapter 02 among them, run in CI's
+``cpu-ci-parameters`` job: the suite's minutes are the limit (``docs/ci.md``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ from test_edition import LANG, ROOT
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stem", ["00_welcome", "02_collectives"])
+@pytest.mark.parametrize("stem", ["00_welcome"])
 def test_chapters_in_chinese_run_headless(stem, tmp_path_factory):
-    """``notebooks/zh/00_welcome.ipynb`` and ``02_collectives.ipynb`` run top to bottom with their CI parameters,
-    in their own folder, as tests/test_notebooks.py runs the English chapters (the same helper, recording its
-    asserts), with ``PARLAB_LANG=zh``: their exercise checks answer in Chinese. Two short chapters: the suite's
-    minutes are the limit (the others run in CI's ``zh`` job)."""
+    """``notebooks/zh/00_welcome.ipynb`` runs top to bottom with its CI parameters, in its own folder, as
+    tests/test_notebooks.py runs the English chapters (the same helper, recording its asserts), with
+    ``PARLAB_LANG=zh``: its exercise checks answer in Chinese."""
     from test_notebooks import _run
 
     path = edition.output(stem, LANG)

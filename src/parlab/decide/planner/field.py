@@ -136,10 +136,14 @@ def field_runs() -> tuple[FieldRun, ...]:
     return tuple(FieldRun(row) for row in FIELD_RUNS if row["tokens_per_s_per_gpu"] and row["micro_batch"])
 
 
+def fitted_names(generation: str) -> tuple[str, ...]:
+    """The rows that fitted any of ``generation``'s constants: :data:`FITTED`'s and :data:`EXPERT_FITTED`'s."""
+    return FITTED.get(generation, ()) + EXPERT_FITTED.get(generation, ())
+
+
 def role(run: FieldRun) -> str:
-    """``"fitted"`` where the run is in :data:`FITTED` or :data:`EXPERT_FITTED`, else ``"held out"``."""
-    fitted = FITTED.get(run.generation, ()) + EXPERT_FITTED.get(run.generation, ())
-    return "fitted" if run.name in fitted else "held out"
+    """``"fitted"`` where the run is in :func:`fitted_names`, else ``"held out"``."""
+    return "fitted" if run.name in fitted_names(run.generation) else "held out"
 
 
 def baseline_shares() -> dict:
@@ -149,12 +153,9 @@ def baseline_shares() -> dict:
     from parlab.decide.planner.published import H100_CALIBRATION_RUNS
 
     by_name = {run.name: run for run in field_runs()}
-
-    def rows(generation):
-        return [by_name[n] for n in FITTED.get(generation, ()) + EXPERT_FITTED.get(generation, ())]
-
-    return {"h100": baseline_utilization(list(H100_CALIBRATION_RUNS) + rows("h100")),
-            "blackwell": baseline_utilization(rows("blackwell"))}
+    rows = {g: [by_name[n] for n in fitted_names(g)] for g in ("h100", "blackwell")}
+    return {"h100": baseline_utilization(list(H100_CALIBRATION_RUNS) + rows["h100"]),
+            "blackwell": baseline_utilization(rows["blackwell"])}
 
 
 def errors() -> list[dict]:

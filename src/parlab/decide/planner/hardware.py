@@ -203,7 +203,8 @@ UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATIO
 #: the tokens each expert got), independent of how many tokens it got. One fitted constant per generation,
 #: each on its MoE rows on the fewest GPUs (:data:`~parlab.decide.planner.field.EXPERT_FITTED`: 0.38 ms on the
 #: Blackwells, 1.28 ms on the H100); the A100, with no MoE row, takes the H100's, assumed (``docs/ci.md``).
-EXPERT_SECONDS = {"a100": 1.28e-3, "h100": 1.28e-3, "blackwell": 0.38e-3}
+EXPERT_SECONDS = {"h100": 1.28e-3, "blackwell": 0.38e-3}
+EXPERT_SECONDS["a100"] = EXPERT_SECONDS["h100"]  # assumed: no A100 MoE row
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32
 #: DDP's and ZeRO-2's bucket size: ``DistributedDataParallel``'s default ``bucket_cap_mb=25``, in MiB

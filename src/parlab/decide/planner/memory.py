@@ -40,20 +40,19 @@ def stage_memory(workload: Workload, layout: Layout, zero_stage: int, dense: flo
                          optimizer=states.optimizer + more.optimizer)
         notes += (f"experts over ep {layout.ep} × etp {layout.etp}, sharded over {held}",)
     activations = -(-acts.activations // layout.cp)
-    layer = w.fused_layer_bytes(layout.tp) if w.fused else w.layer_bytes(layout.tp)
+    kept, eager = w.kept_layer_bytes(layout.tp), w.layer_bytes(layout.tp)
     if w.recompute == "op":  # what torchtitan's policy keeps, and one layer whole while it is recomputed
-        activations = round(activations * w.op_layer_bytes(layout.tp) / w.layer_bytes(layout.tp) + layer / layout.cp)
+        whole = w.fused_layer_bytes(layout.tp) if w.fused else eager
+        activations = round(activations * kept / eager + whole / layout.cp)
         notes += ("op-level selective checkpointing: every second matrix product's output and attention's kept",)
     elif w.fused and w.recompute != "full":  # what the fused kernels keep, against what the eager modules keep
-        activations = round(activations * layer / w.layer_bytes(layout.tp))
+        activations = round(activations * kept / eager)
         notes += ("fused kernels: what their matrix products and attention keep",)
     # offloaded: those layers' activations in host memory for each of the p micro-batches the first stage holds,
     # but one layer's in flight
     offloaded = layout.pp * min(w.offload_layers, max(stage_layers(w, layout.pp)) - 1)
     if offloaded > 1:
-        kept = (w.op_layer_bytes(layout.tp) if w.recompute == "op" else w.fused_layer_bytes(layout.tp)
-                if w.fused or w.checkpointing else w.layer_bytes(layout.tp)) / layout.cp
-        activations -= round((offloaded - 1) * kept)
+        activations -= round((offloaded - 1) * kept / layout.cp)
         notes += (f"offload: {offloaded} layer-micro-batches' activations in host memory, one in flight",)
     if layout.cp > 1:
         notes += (f"context parallel: activations of seq_len/{layout.cp} tokens per rank",)

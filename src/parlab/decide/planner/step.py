@@ -258,12 +258,11 @@ def _computation(w: Workload, layers: int, last: bool, layout: Layout, cluster: 
     layers_s = layers * ((w.layer_flops - w.attention_flops) * tokens / tp / linear_rate + one_attention)
     output_s = (w.output_flops * tokens / tp / rate) if last else 0.0
     # the layers' memory-bound work: what they save for backward, read and written once per pass at HBM speed
-    if "memory_bound" not in off:
-        layers_s += layers * w.layer_bytes(tp) / layout.cp / cluster.gpu.memory_bandwidth
+    memory_s = 0.0 if "memory_bound" in off else layers * w.layer_bytes(tp) / layout.cp / cluster.gpu.memory_bandwidth
+    layers_s += memory_s
     forward = layers_s + output_s
     # torchtitan's op-level policy reruns k, o and up, and every memory-bound op of the layer
-    op_redo = layers * (w.op_recompute_flops * tokens / tp / linear_rate
-                        + w.layer_bytes(tp) / layout.cp / cluster.gpu.memory_bandwidth) if w.recompute == "op" else 0.0
+    op_redo = layers * w.op_recompute_flops * tokens / tp / linear_rate + memory_s if w.recompute == "op" else 0.0
     redo = {"full": layers_s, "selective": layers * one_attention, "op": op_redo}[w.recompute] \
         if w.recompute != "none" and "recompute" not in off else 0.0
     # FP8's casts (memory-bound): each linear layer's inputs, output gradients and weights

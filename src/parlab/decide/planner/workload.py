@@ -274,6 +274,17 @@ class Workload:
         per_value = 1 if self.precision == "fp8" else self.value_bytes
         return tokens * (kept16 * self.value_bytes + gemm_inputs * per_value) / tp
 
+    def kept_layer_bytes(self, tp: int = 1) -> float:
+        """Bytes one layer keeps for backward per micro-batch on one of ``tp`` ranks, as this workload runs: what
+        torchtitan's policy keeps (``recompute="op"``: :meth:`op_layer_bytes`), the layer's input (full
+        recomputation), what fused kernels keep (:meth:`fused_layer_bytes`), else what transformers' eager
+        modules keep (:meth:`layer_bytes`)."""
+        if self.recompute == "op":
+            return self.op_layer_bytes(tp)
+        if self.fused or self.recompute == "full":
+            return self.fused_layer_bytes(tp)
+        return self.layer_bytes(tp)
+
     def fp8_cast_bytes(self) -> float:
         """Bytes one token's casts to FP8 read and write per layer, forward and backward (0 unless
         ``precision="fp8"``): each linear layer's input forward, its output's gradient backward and its input

@@ -30,6 +30,9 @@ def test_row_is_complete_and_multiplies_out(row):
     assert row["gpus"] == row["tp"] * row["pp"] * row["cp"] * row["dp"], row["name"]
     assert row["dp"] % row["ep"] == 0 or row["ep"] % row["dp"] == 0 or row["ep"] == 1, row["name"]
     assert row["tokens_per_s_per_gpu"] or row["tflops_per_gpu"], f"{row['name']}: no outcome"
+    assert {type(row[k]) for k in ("fused", "tp_overlap", "ep_overlap")} == {bool}, row["name"]
+    assert type(row["offload_layers"]) is int and 0 <= row["offload_layers"] < row["model"]["num_hidden_layers"]
+    assert not row["ep_overlap"] or row["ep"] > 1, f"{row['name']}: ep_overlap without EP"
     per_dp, rest = divmod(row["global_batch"], row["dp"])
     assert rest == 0, f"{row['name']}: global batch {row['global_batch']} over dp {row['dp']}"
     if row["micro_batch"] is not None:  # None: the source does not give it
@@ -77,3 +80,17 @@ def test_hardware_facts_are_sourced():
     for fact in HARDWARE_FACTS:
         assert set(fact) == {"what", "value", "unit", "source"}, fact
         assert fact["source"].strip() and fact["value"] is not None, fact
+
+
+def test_how_runs_ran_is_read_from_the_source_as_a_key():
+    """The keys that say how a run's kernels and collectives ran, against the words of the rows that state them:
+    a row that names async TP overlaps TP, an eager row is not fused, a preset with moe_a2a_overlap overlaps the
+    all-to-alls, cpu_offloading_num_layers=40 offloads 40 layers."""
+    for row in FIELD_RUNS:
+        words = (row["name"] + " " + row["source"] + " " + row["notes"]).lower()
+        if row["framework"] == "torchtitan":
+            assert row["tp_overlap"] == ("async tp" in words or "asynctp" in row["source"].lower()), row["name"]
+            assert row["fused"] == ("eager" not in row["name"]), row["name"]
+        if row["framework"] == "megatron":
+            assert row["ep_overlap"] == ("moe_a2a_overlap" in words), row["name"]
+            assert row["offload_layers"] == (40 if "cpu_offloading_num_layers=40" in words else 0), row["name"]

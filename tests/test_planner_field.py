@@ -44,24 +44,43 @@ def test_each_expert_constant_is_the_fit_of_its_named_rows():
     assert dense.predict(cluster=dense.cluster(expert_seconds=1.0)).step_s == dense.predict().step_s
 
 
+def test_async_tp_share_is_the_fit_of_its_named_pair():
+    """PyTorch's async TP hides a fifth of the TP time the products cover (TP_OVERLAP_FITTED's pair: 829 → 876
+    tokens/s per GPU); Transformer Engine's overlap all of it. The pair's options differ in tp_overlap alone. Hiding
+    all of it would price torchtitan's two 405B runs at 8k tokens 30 % fast; the fitted share brings them within
+    ±20 %."""
+    assert field.fitted_tp_overlap() == pytest.approx(planner.TP_OVERLAP_HIDDEN["course"], abs=0.01)
+    assert planner.TP_OVERLAP_HIDDEN["megatron"] == 1.0
+    by_name = {run.name: run for run in field.field_runs()}
+    plain, overlapped = (by_name[n] for n in field.TP_OVERLAP_FITTED["h100"])
+    assert {**plain.options(), "tp_overlap": True} == overlapped.options() and not plain.options()["tp_overlap"]
+    pp8 = [e for e in _errors() if "405B, 512 H100, FSDP 8 x TP 8 x PP 8" in e["run"].name]
+    assert len(pp8) == 2 and all(abs(e["planner"]) < 0.2 for e in pp8)
+    assert all(e["run"].predict(tp_overlap=1.0).step_s / e["run"].step_s - 1 < -0.29 for e in pp8)
+    run = pp8[0]["run"]
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=rf"tp_overlap={bad}: True, False, or the share"):
+            run.predict(tp_overlap=bad)
+
+
 def test_held_out_rows_against_the_trivial_model_on_each_generation():
-    """On the 22 H100 rows that fitted nothing the planner's median miss is a fifth of the trivial model's and it is
-    closer on 21; on the 11 Blackwell rows only narrowly below it (11.5 % against 12.4 %), closer on 7: ahead on
+    """On the 20 H100 rows that fitted nothing the planner's median miss is under a third of the trivial model's
+    and it is closer on 16; on the 11 Blackwell rows only narrowly below it (11.5 % against 12.4 %), closer on 7: ahead on
     the MoE rows, behind on the dense ones (docs/planner.md). The trivial model's one constant per generation is
     fitted on every row the planner's two were."""
     held = {g: [e for e in _errors() if e["role"] == "held out" and e["run"].generation == g] for g in ("h100", "blackwell")}
     miss = {g: (statistics.median(abs(e["planner"]) for e in rows), statistics.median(abs(e["trivial"]) for e in rows),
                 sum(abs(e["planner"]) < abs(e["trivial"]) for e in rows)) for g, rows in held.items()}
-    assert len(held["h100"]) == 22 and miss["h100"][0] < miss["h100"][1] / 4 and miss["h100"][2] == 21, miss
+    assert len(held["h100"]) == 20 and miss["h100"][0] < miss["h100"][1] / 3 and miss["h100"][2] == 16, miss
     assert len(held["blackwell"]) == 11 and 0.85 * miss["blackwell"][1] < miss["blackwell"][0] < miss["blackwell"][1], miss
     assert miss["blackwell"][2] == 7, miss
 
 
 def test_held_out_dense_rows_within_the_band():
-    """Dense rows that fitted nothing: 19 of 24 inside ±20 % (H100 15 of 20, Blackwell 4 of 4)."""
+    """Dense rows that fitted nothing: 19 of 22 inside ±20 % (H100 15 of 18, Blackwell 4 of 4)."""
     dense = [e for e in _errors() if e["role"] == "held out" and not e["moe"]]
     inside = {g: sum(abs(e["planner"]) <= 0.2 for e in dense if e["run"].generation == g) for g in ("h100", "blackwell")}
-    assert len(dense) == 24 and inside == {"h100": 15, "blackwell": 4}, inside
+    assert len(dense) == 22 and inside == {"h100": 15, "blackwell": 4}, inside
 
 
 def test_held_out_mixtures_of_experts_within_the_band():

@@ -78,14 +78,14 @@ from parlab.decide.planner.data_parallel import (DEEPSPEED_BUCKET_ELEMENTS, IMPL
 from parlab.decide.planner.workload import ATTENTIONS, FP8_RECIPES, GRAD_DTYPES, PRECISIONS, RECOMPUTES, Workload, root_params
 from parlab.decide.planner.layout import CP_KINDS, Layout, stage_layers, stage_params
 from parlab.decide.planner.memory import stage_memory, zero3_working_set
-from parlab.decide.planner.step import TERMS, Prediction, deepspeed_backward_gathers, predict, unsupported
+from parlab.decide.planner.step import TERMS, TP_OVERLAP_HIDDEN, Prediction, deepspeed_backward_gathers, predict, unsupported
 from parlab.decide.planner.search import candidates, layout_of
 from parlab.decide.planner.published import (CALIBRATION_RUNS, H100_CALIBRATION_RUNS, H100_HELD_OUT_RUNS,
                                       H100_OUT_OF_SAMPLE_RUNS, HELD_OUT_RUNS,
                                       OUT_OF_SAMPLE_RUNS, PUBLISHED_RUNS, PublishedRun,
                                       baseline_step, baseline_utilization, calibrated_utilization, eq3_flops)
 
-__all__ = ["BLACKWELL_UTILIZATION", "EXPERT_SECONDS", "B200", "GB200", "GPUS", "H800", "UTILIZATIONS", "CP_KINDS", "FP8_RECIPES", "PRECISIONS", "ATTENTIONS", "DEEPSPEED_BUCKET_ELEMENTS", "GRAD_DTYPES", "MEGATRON_BUCKET_PARAMS", "bucket_bytes", "bucket_count", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_OUT_OF_SAMPLE_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
+__all__ = ["BLACKWELL_UTILIZATION", "EXPERT_SECONDS", "TP_OVERLAP_HIDDEN", "B200", "GB200", "GPUS", "H800", "UTILIZATIONS", "CP_KINDS", "FP8_RECIPES", "PRECISIONS", "ATTENTIONS", "DEEPSPEED_BUCKET_ELEMENTS", "GRAD_DTYPES", "MEGATRON_BUCKET_PARAMS", "bucket_bytes", "bucket_count", "CALIBRATION_RUNS", "OUT_OF_SAMPLE_RUNS", "H100_CALIBRATION_RUNS", "H100_HELD_OUT_RUNS", "H100_OUT_OF_SAMPLE_RUNS", "H100_UTILIZATION", "HELD_OUT_RUNS", "RECOMPUTES", "TERMS", "zero3_working_set", "baseline_step", "baseline_utilization", "A100", "BUCKET_BYTES", "GPU", "H100", "IMPLEMENTATIONS", "LINKS", "OPS", "OPTIMIZER_BYTES_PER_PARAM",
            "PUBLISHED_RUNS", "RESHARDS", "STRATEGIES", "UTILIZATION", "Cluster", "Layout", "Link", "Prediction",
            "PublishedRun", "Workload", "calibrated_utilization", "candidates", "cluster_of", "collective_seconds", "deepspeed_backward_gathers",
            "ddp_buckets", "eq3_flops", "fitted_link", "layout_of", "predict", "predict_dp_step", "ring_costs",

@@ -63,7 +63,7 @@ RECIPES = {  # the table's precision word -> (precision, fp8 recipe); Megatron-B
 
 
 def _mb(name, gpu, model, gpus, prec, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, ga, tok, tfl, printed,
-        notes="", recompute="not stated"):
+        notes="", recompute="not stated", ep_overlap=False, offload_layers=0):
     """One row of the 25.11 tables; ``printed`` is the row as the table prints it."""
     precision, recipe = RECIPES[prec]
     dp = gpus // (tp * pp * cp)
@@ -87,6 +87,7 @@ def _mb(name, gpu, model, gpus, prec, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, g
         "cp_kind": "p2p" if cp > 1 else None,
         "recompute": recompute,
         "capacity_factor": None,
+        "fused": True, "tp_overlap": tp > 1, "ep_overlap": ep_overlap, "offload_layers": offload_layers,
         "tokens_per_s_per_gpu": tok, "tflops_per_gpu": tfl,
         "flops_counting": MEGATRON_BRIDGE_FLOPS,
         "derived": derived,
@@ -120,7 +121,7 @@ _MB_ROWS = (
         1, 1, 1, 1, 1, 2, 4312, 1937,
         "LLAMA3_70B | 64 | FP8-CS | 256 | 2 | 8192 | 64 | 1 | 1 | 1 | 1 | 1 | 2 | 4312 | 1937",
         "Megatron-FSDP over all 64 GPUs; the recipe preset (GBS 128 there) offloads 40 layers' activations to "
-        "the Grace CPU (cpu_offloading_num_layers=40) with fsdp_double_buffer."),
+        "the Grace CPU (cpu_offloading_num_layers=40) with fsdp_double_buffer.", offload_layers=40),
     _mb("Llama 3.1 405B, 256 GB200, FP8 current scaling", "gb200", LLAMA31_405B, 256, "FP8-CS", 1536, 1, 8192, 0,
         4, 16, 1, 4, 1, 384, 813, 2053,
         "LLAMA3.1_405B | 256 | FP8-CS | 1536 | 1 | 8192 | 0 | 4 | 16 | 1 | 4 | 1 | 384 | 813 | 2053",
@@ -202,11 +203,11 @@ _MB_ROWS = (
     _mb("Qwen3 30B-A3B, 16 H100, FP8 current scaling", "h100", QWEN3_30B_A3B, 16, "FP8-CS", 512, 2, 4096, 0, 1, 2,
         1, 24, 8, 32, 5275, 121,
         "Qwen3_30B_a3B | 16 | FP8-CS | 512 | 2 | 4096 | 0 | 1 | 2 | 1 | 24 | 8 | 32 | 5275 | 121",
-        "48 layers over PP 2 x VP 24: one layer per chunk; recipe preset: moe_a2a_overlap."),
+        "48 layers over PP 2 x VP 24: one layer per chunk; recipe preset: moe_a2a_overlap.", ep_overlap=True),
     _mb("Qwen3 235B-A22B, 256 H100, FP8 current scaling", "h100", QWEN3_235B_A22B, 256, "FP8-CS", 2048, 1, 4096, 0,
         2, 8, 1, 4, 32, 128, 1575, 233,
         "Qwen3_235B_a22B | 256 | FP8-CS | 2048 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 | 32 | 128 | 1575 | 233",
-        "EP 32 spans 4 nodes (all-to-all over InfiniBand); recipe preset: moe_a2a_overlap."),
+        "EP 32 spans 4 nodes (all-to-all over InfiniBand); recipe preset: moe_a2a_overlap.", ep_overlap=True),
 )
 
 # -- torchtitan, end of 2024 ---------------------------------------------------------------------------------
@@ -221,7 +222,7 @@ TT_NOTE = ("Grand Teton hosts: 8 H100 with 96 GB HBM2e (2.4 TB/s) at the default
 
 
 def _tt(name, table, printed, model, gpus, tok, *, seq=8192, local_batch, tp=1, pp=1, cp=1, vp=1, micro_batch=None,
-        fp8=False, compiled=True, recompute, derived="", notes=""):
+        fp8=False, compiled=True, async_tp=False, recompute, derived="", notes=""):
     dp = gpus // (tp * pp * cp)
     assert dp * tp * pp * cp == gpus, name
     return {
@@ -235,6 +236,7 @@ def _tt(name, table, printed, model, gpus, tok, *, seq=8192, local_batch, tp=1, 
         "tp": tp, "pp": pp, "cp": cp, "vp": vp, "ep": 1, "etp": None, "dp": dp,
         "zero": "fsdp", "cp_kind": "all_gather" if cp > 1 else None,
         "recompute": recompute, "capacity_factor": None,
+        "fused": compiled, "tp_overlap": async_tp, "ep_overlap": False, "offload_layers": 0,
         "tokens_per_s_per_gpu": tok, "tflops_per_gpu": None, "flops_counting": TT_FLOPS,
         "derived": " ".join(x for x in (
             f"dp = {gpus}/({tp}*{pp}*{cp}) = {dp}; global batch = local batch {local_batch} x dp.", derived) if x),
@@ -279,27 +281,27 @@ _TT_ROWS = (
     _tt("Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, Float8", T4, "2D | 829 | 71.9", LLAMA3_70B, 256, 829, tp=8,
         local_batch=16, fp8=True, recompute="full"),
     _tt("Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, Float8, async TP", T4, "2D + AsyncTP | 876 | 67.6", LLAMA3_70B,
-        256, 876, tp=8, local_batch=16, fp8=True, recompute="full", notes="Async TP: TP collectives overlapped "
+        256, 876, tp=8, local_batch=16, fp8=True, recompute="full", async_tp=True, notes="Async TP: TP collectives overlapped "
         "with the matrix products (micro-pipelined)."),
     _tt("Llama 3.1 405B, 512 H100, FSDP 8 x TP 8 x PP 8, Float8, 1F1B", T5, "1F1B | 100 | 82.5", LLAMA31_405B, 512,
         100, tp=8, pp=8, local_batch=32, micro_batch=4, fp8=True, recompute="full", derived=PP_MB,
-        notes="Async TP on."),
+        async_tp=True, notes="Async TP on."),
     _tt("Llama 3.1 405B, 512 H100, FSDP 8 x TP 8 x PP 8, Float8, interleaved 1F1B", T5, "Interleaved 1F1B | 128 | 72.7",
         LLAMA31_405B, 512, 128, tp=8, pp=8, vp=2, local_batch=32, micro_batch=4, fp8=True, recompute="full",
         derived=PP_MB + " vp 2: torchtitan's default for a multi-stage schedule without split points "
-        "(generate_split_points, num_stages_per_rank = 2).", notes="Async TP on."),
+        "(generate_split_points, num_stages_per_rank = 2).", async_tp=True, notes="Async TP on."),
     _tt("Llama 3.1 405B, 512 H100, 32k tokens, FSDP 8 x TP 8 x PP 8, Float8", T6, "FSDP 8, CP 1 | 32768 | 76 | 75.3",
         LLAMA31_405B, 512, 76, seq=32768, tp=8, pp=8, local_batch=8, micro_batch=1, fp8=True, recompute="full",
-        derived=PP_MB, notes="Async TP on; 1F1B."),
+        derived=PP_MB, async_tp=True, notes="Async TP on; 1F1B."),
     _tt("Llama 3.1 405B, 512 H100, 64k tokens, FSDP 4 x CP 2 x TP 8 x PP 8, Float8", T6,
         "FSDP 4, CP 2 | 65536 | 47 | 75.9", LLAMA31_405B, 512, 47, seq=65536, tp=8, pp=8, cp=2, local_batch=8,
-        micro_batch=1, fp8=True, recompute="full", derived=PP_MB, notes="Async TP on; 1F1B."),
+        micro_batch=1, fp8=True, recompute="full", derived=PP_MB, async_tp=True, notes="Async TP on; 1F1B."),
     _tt("Llama 3.1 405B, 512 H100, 128k tokens, FSDP 2 x CP 4 x TP 8 x PP 8, Float8", T6,
         "FSDP 2, CP 4 | 131072 | 31 | 77.1", LLAMA31_405B, 512, 31, seq=131072, tp=8, pp=8, cp=4, local_batch=8,
-        micro_batch=1, fp8=True, recompute="full", derived=PP_MB, notes="Async TP on; 1F1B."),
+        micro_batch=1, fp8=True, recompute="full", derived=PP_MB, async_tp=True, notes="Async TP on; 1F1B."),
     _tt("Llama 3.1 405B, 512 H100, 256k tokens, CP 8 x TP 8 x PP 8, Float8", T6, "FSDP 1, CP 8 | 262144 | 16 | 84.9",
         LLAMA31_405B, 512, 16, seq=262144, tp=8, pp=8, cp=8, local_batch=8, micro_batch=1, fp8=True,
-        recompute="full", derived=PP_MB, notes="Async TP on; 1F1B."),
+        recompute="full", derived=PP_MB, async_tp=True, notes="Async TP on; 1F1B."),
 )
 
 # -- Llama 3, Table 4 ----------------------------------------------------------------------------------------
@@ -330,6 +332,7 @@ def _l3(name, gpus, tp, cp, pp, dp, seq, per_dp, tflops, mfu, extra=""):
         "zero": "fsdp (parameters kept after forward: ZeRO-2-like)", "cp_kind": "all_gather" if cp > 1 else None,
         "recompute": "none" if seq <= 8192 else "not stated",
         "capacity_factor": None,
+        "fused": True, "tp_overlap": True, "ep_overlap": False, "offload_layers": 0,
         "tokens_per_s_per_gpu": None, "tflops_per_gpu": tflops, "flops_counting": L3_FLOPS,
         "derived": f"global batch = batch size/DP {per_dp} x DP {dp} = {per_dp * dp} sequences "
                    f"({per_dp * dp * seq:,} tokens, the table's '16M').{extra}",
@@ -367,6 +370,7 @@ _DSV3_ROW = {
     "zero": "zero1", "cp_kind": None,
     "recompute": "selective (§3.2.3: RMSNorm and MLA up-projections recomputed in backward)",
     "capacity_factor": None,
+    "fused": True, "tp_overlap": False, "ep_overlap": True, "offload_layers": 0,
     "tokens_per_s_per_gpu": 1e12 / (180e3 * 3600),
     "tflops_per_gpu": None,
     "flops_counting": "none published: the report gives GPU hours per trillion tokens, not FLOP/s",

@@ -1,12 +1,18 @@
 """The model shapes and the keys of the published runs of :mod:`~parlab.decide.planner.field_data`, each shape a
-``dict`` that builds a ``transformers`` config: ``getattr(transformers, model["class"])(**kwargs)``."""
+``dict`` that builds a ``transformers`` config: ``getattr(transformers, model["class"])(**kwargs)``.
+
+Four keys say how a run's kernels and collectives ran, each read in the row's source and explained in its notes:
+``fused`` (fused kernels: Transformer Engine, or ``torch.compile``; ``False`` for an eager run), ``tp_overlap`` (TP's
+collectives overlapped with the matrix products: Megatron's ``tp_comm_overlap``, torchtitan's async TP),
+``ep_overlap`` (the MoE all-to-alls overlapped: Megatron's ``moe_a2a_overlap``, DeepSeek's DualPipe) and
+``offload_layers`` (Megatron-Core's ``cpu_offloading_num_layers``)."""
 
 from __future__ import annotations
 
 KEYS = (
     "name", "source", "framework", "gpu", "gpus", "model", "precision", "fp8_recipe", "fp8_gather",
     "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "ep", "etp", "dp", "zero", "cp_kind",
-    "recompute", "capacity_factor", "tokens_per_s_per_gpu", "tflops_per_gpu", "flops_counting", "derived", "notes",
+    "recompute", "capacity_factor", "fused", "tp_overlap", "ep_overlap", "offload_layers", "tokens_per_s_per_gpu", "tflops_per_gpu", "flops_counting", "derived", "notes",
 )
 
 # -- model shapes -------------------------------------------------------------------------------------------

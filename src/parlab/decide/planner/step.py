@@ -58,6 +58,11 @@ DEEPSPEED_PREFETCH_PARAMS = 5e7
 #: again within that many parameters' fetches, and no more than that many are held gathered at once.
 DEEPSPEED_MAX_REUSE_DISTANCE = 1e9
 DEEPSPEED_MAX_LIVE_PARAMS = 1e9
+#: The share of the TP collectives that the layers' products cover which ``tp_overlap=True`` hides, per
+#: implementation: Transformer Engine's comm+GEMM overlap under ``"megatron"``, all of it; PyTorch's async TP
+#: (torchtitan's, micro-pipelined on symmetric memory) under ``"course"``, 0.2, fitted on the one pair of
+#: published runs that differ in async TP alone (:data:`~parlab.decide.planner.field.TP_OVERLAP_FITTED`).
+TP_OVERLAP_HIDDEN = {"megatron": 1.0, "deepspeed": 1.0, "fsdp1": 1.0, "course": 0.2}
 
 
 def deepspeed_backward_gathers(layer_params: float, recompute: str) -> int:
@@ -79,7 +84,7 @@ def deepspeed_backward_gathers(layer_params: float, recompute: str) -> int:
 
 
 def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
-            reshard: str | None = None, tp_overlap: bool = False, ep_overlap: bool = False, without=(),
+            reshard: str | None = None, tp_overlap: bool | float = False, ep_overlap: bool = False, without=(),
             grad_dtype: str | None = None) -> Prediction:
     """Memory per rank and seconds per step of ``workload`` under ``layout`` on ``cluster`` (a model: see
     the package docstring for what it counts and what it leaves out). The layout carries its axes (dp, tp,
@@ -100,7 +105,9 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     per pipeline rank (the interleaved 1F1B schedule, chapter 06), at most the layers of the smallest stage:
     the bubble shrinks to (p − 1)/v slots of a whole stage, and a micro-batch crosses v times as many stage
     boundaries. ``tp_overlap``: TP's collectives run beside the matrix products (Megatron-LM's
-    ``--tp-comm-overlap``, torchtitan's async TP), so only what exceeds the layers' computation counts, for a
+    ``--tp-comm-overlap``, torchtitan's async TP), so only what exceeds the layers' computation counts (of what
+    they cover, the implementation's share :data:`TP_OVERLAP_HIDDEN` is hidden; a number from 0 to 1 sets the
+    share instead), for a
     TP group inside an NVLink domain (across domains TP stays exposed: Transformer Engine's overlap is
     single-node); off as 2021 Megatron ran; with tp > 1 it needs ``workload.sequence_parallel``, as
     Megatron-LM refuses the overlap without SP. ``ep_overlap``: the experts' all-to-alls run beside another
@@ -112,7 +119,7 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
 
 
 def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
-             reshard: str | None = None, tp_overlap: bool = False, ep_overlap: bool = False, without=(),
+             reshard: str | None = None, tp_overlap: bool | float = False, ep_overlap: bool = False, without=(),
              grad_dtype: str | None = None) -> Prediction:
     """:func:`predict` itself: the checks, then the step part by part, the bytes and the memory."""
     w, off = workload, set(without)
@@ -121,6 +128,9 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
         raise ValueError(f"tp_overlap=True with tp={layout.tp} needs sequence parallelism (Megatron-LM's arguments.py: "
                          f"TP communication/GEMM overlap 'can happen only when sequence parallelism is enabled'; "
                          f"torchtitan's async TP is built on it): use a Workload with sequence_parallel=True")
+    if not isinstance(tp_overlap, bool) and not 0 <= tp_overlap <= 1:
+        raise ValueError(f"tp_overlap={tp_overlap!r}: True, False, or the share of the covered TP time hidden, 0 to 1")
+    hidden = TP_OVERLAP_HIDDEN[implementation] if tp_overlap is True else float(tp_overlap)
     pp, v = layout.pp, layout.vp
     # the slowest stage sets the pipeline's pace; the heaviest holds the most memory
     work = [n + (w.output_flops / w.layer_flops if s == pp - 1 else 0.0) for s, n in enumerate(stages)]
@@ -131,9 +141,10 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementa
     tp_forward, tp_backward, p2p_s = _messages(w, layout, cluster, stages[slow], off)
     # beside the layers' matrix products only what they cannot cover is exposed; inside a domain only, as
     # Transformer Engine's comm+GEMM overlap runs (NVIDIA/TransformerEngine#1071): TP across nodes stays exposed
-    if tp_overlap and cluster.link(layout.topology, "tp") == cluster.intra:
+    if hidden and cluster.link(layout.topology, "tp") == cluster.intra:
         output_s = forward - layers_s
-        tp_forward, tp_backward = max(0.0, tp_forward - layers_s), max(0.0, tp_backward - (backward - 2 * output_s))
+        tp_forward -= hidden * min(tp_forward, layers_s)
+        tp_backward -= hidden * min(tp_backward, backward - 2 * output_s)
     cp_forward, cp_backward = _terms.context(w, layout, cluster, stages[slow], attention_s, off)
     ep_forward, ep_backward = _terms.experts(w, layout, cluster, stages[slow], off)
     if ep_overlap:  # beside another micro-batch's layers (DualPipe): what they cannot cover

@@ -11,6 +11,7 @@ import transformers
 from parlab.decide.planner.field_data import FIELD_RUNS
 from parlab.decide.planner.field_hardware import HARDWARE_FACTS
 from parlab.decide.planner.field_models import KEYS
+from parlab.decide.planner.workload import RECOMPUTES
 
 GPUS = {"a100", "h100", "h800", "b200", "gb200"}
 RECIPES = {None, "delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"}
@@ -31,6 +32,7 @@ def test_row_is_complete_and_multiplies_out(row):
     assert row["dp"] % row["ep"] == 0 or row["ep"] % row["dp"] == 0 or row["ep"] == 1, row["name"]
     assert row["tokens_per_s_per_gpu"] or row["tflops_per_gpu"], f"{row['name']}: no outcome"
     assert {type(row[k]) for k in ("fused", "tp_overlap", "ep_overlap")} == {bool}, row["name"]
+    assert row["recompute"] in RECOMPUTES or (row["recompute"] is None and not row["tokens_per_s_per_gpu"]), row["name"]
     assert type(row["offload_layers"]) is int and 0 <= row["offload_layers"] < row["model"]["num_hidden_layers"]
     assert not row["ep_overlap"] or row["ep"] > 1, f"{row['name']}: ep_overlap without EP"
     per_dp, rest = divmod(row["global_batch"], row["dp"])

@@ -65,14 +65,14 @@ def test_async_tp_share_is_the_fit_of_its_named_pair():
 
 def test_held_out_rows_against_the_trivial_model_on_each_generation():
     """On the 20 H100 rows that fitted nothing the planner's median miss is under a third of the trivial model's
-    and it is closer on 16; on the 11 Blackwell rows only narrowly below it (11.5 % against 12.4 %), closer on 7: ahead on
-    the MoE rows, behind on the dense ones (docs/planner.md). The trivial model's one constant per generation is
-    fitted on every row the planner's two were."""
+    and it is closer on 16; on the 11 Blackwell rows under half of it (6.9 % against 17.4 %), closer on 7
+    (docs/planner.md). The trivial model's one constant per generation is fitted on every row any of the
+    planner's constants was."""
     held = {g: [e for e in _errors() if e["role"] == "held out" and e["run"].generation == g] for g in ("h100", "blackwell")}
     miss = {g: (statistics.median(abs(e["planner"]) for e in rows), statistics.median(abs(e["trivial"]) for e in rows),
                 sum(abs(e["planner"]) < abs(e["trivial"]) for e in rows)) for g, rows in held.items()}
     assert len(held["h100"]) == 20 and miss["h100"][0] < miss["h100"][1] / 3 and miss["h100"][2] == 16, miss
-    assert len(held["blackwell"]) == 11 and 0.85 * miss["blackwell"][1] < miss["blackwell"][0] < miss["blackwell"][1], miss
+    assert len(held["blackwell"]) == 11 and miss["blackwell"][0] < miss["blackwell"][1] / 2, miss
     assert miss["blackwell"][2] == 7, miss
 
 
@@ -84,7 +84,7 @@ def test_held_out_dense_rows_within_the_band():
 
 
 def test_held_out_mixtures_of_experts_within_the_band():
-    """MoE rows that fitted nothing: 7 of 9 inside ±20 % (GPT-OSS on 64 B200 and 64 GB200 are 28 % and 26 % fast).
+    """MoE rows that fitted nothing: 7 of 9 inside ±20 % (GPT-OSS on 64 B200 and 64 GB200 are 27 % and 25 % fast).
     Without the experts' fixed cost every MoE row ran slower than predicted, 10 of 12 by more than 20 %
     (``docs/planner.md``)."""
     moe = [e for e in _errors() if e["moe"]]

@@ -80,12 +80,9 @@ class FieldRun:
         r = self.row
         model = dict(r["model"])
         config = getattr(transformers, model.pop("class"))(**model)
-        recompute = str(r.get("recompute") or "none")
-        recompute = "full" if recompute.startswith("full") else "op" if "'op' policy" in recompute \
-            else recompute if recompute in ("selective", "none") else "selective"
         return Workload(config, global_batch=r["global_batch"], seq_len=r["seq_len"], micro_batch=r["micro_batch"],
                         precision=r["precision"], fp8_recipe=r.get("fp8_recipe") or "tensorwise",
-                        fp8_gather=bool(r.get("fp8_gather")), recompute=recompute,
+                        fp8_gather=bool(r.get("fp8_gather")), recompute=r["recompute"],
                         sequence_parallel=r["tp"] > 1,
                         attention="cudnn" if r["framework"] in ("megatron", "meta") else "sdpa", capacity_factor=r.get("capacity_factor"),
                         fused=r["fused"], offload_layers=r["offload_layers"])
@@ -100,7 +97,7 @@ class FieldRun:
 
 
 #: The rows the one new constant of :data:`~parlab.decide.planner.hardware.UTILIZATIONS` was fitted on: the
-#: Blackwells' share of peak, 0.58 (:func:`fitted_share`: 0.580), on the dense rows on the fewest GPUs at the
+#: Blackwells' share of peak, 0.56 (:func:`fitted_share`: 0.558), on the dense rows on the fewest GPUs at the
 #: shortest sequence, the rule chosen before any other row was priced with it. A generation has one share, of the
 #: peak of whatever precision its matrix products run in: FP8 reaches the same share of FP8 peak as bf16 of bf16
 #: peak (so FP8's products run at most twice as fast, as the peaks say), and the H100's is chapter 07's (0.66,

@@ -55,6 +55,12 @@ SYSTEMS = {
     "h100": "DGX-H100 (8 GPUs per node on NVLink 4)",
 }
 TABLE = {"gb200": "System: DGX-GB200", "b200": "System: DGX-B200", "h100": "System: DGX-H100"}
+MB_RECOMPUTE = (
+    "recompute: none unless the row's notes name a recipe preset's: Megatron-Core's TransformerConfig defaults to "
+    "recompute_granularity None, and neither the pretrain recipes nor the performance presets set one for these "
+    "rows (the Qwen3 presets set None explicitly). A preset's recompute_modules are priced as none: layernorm and "
+    "moe_act rerun memory-bound work, and mla_up_proj reruns DeepSeek-V3's query and key/value up-projections, "
+    "about a tenth of a layer's forward FLOPs by their shapes.")
 RECIPES = {  # the table's precision word -> (precision, fp8 recipe); Megatron-Bridge mixed_precision.py
     "BF16": ("bf16", None),
     "FP8-CS": ("fp8", "tensorwise"),  # bf16_with_fp8_current_scaling_mixed: fp8_recipe "tensorwise"
@@ -63,8 +69,9 @@ RECIPES = {  # the table's precision word -> (precision, fp8 recipe); Megatron-B
 
 
 def _mb(name, gpu, model, gpus, prec, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, ga, tok, tfl, printed,
-        notes="", recompute="not stated", ep_overlap=False, offload_layers=0):
-    """One row of the 25.11 tables; ``printed`` is the row as the table prints it."""
+        notes="", recompute="none", ep_overlap=False, offload_layers=0):
+    """One row of the 25.11 tables; ``printed`` is the row as the table prints it. ``recompute``: the planner's
+    value for what the row's recipe preset recomputes (:data:`MB_RECOMPUTE`), its words in ``notes``."""
     precision, recipe = RECIPES[prec]
     dp = gpus // (tp * pp * cp)
     assert dp * tp * pp * cp == gpus, name
@@ -91,7 +98,7 @@ def _mb(name, gpu, model, gpus, prec, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, g
         "tokens_per_s_per_gpu": tok, "tflops_per_gpu": tfl,
         "flops_counting": MEGATRON_BRIDGE_FLOPS,
         "derived": derived,
-        "notes": " ".join(x for x in (SYSTEMS[gpu] + ".", MB_NOTE, notes,
+        "notes": " ".join(x for x in (SYSTEMS[gpu] + ".", MB_NOTE, MB_RECOMPUTE, notes,
                                       "fp8_gather: the recipe's fp8_param_gather=True (mixed_precision.py)."
                                       if recipe else "",
                                       "etp 1: the MoE recipes' expert_tensor_parallel_size=1." if ep > 1 else "",
@@ -130,18 +137,17 @@ _MB_ROWS = (
         64, 64, 3139, 782,
         "DeepSeekV3 (w/o MTP) | 256 | BF16 | 4096 | 1 | 4096 | 0 | 1 | 4 | 1 | 4 | 64 | 64 | 3139 | 782",
         "EP 64 inside the NVL72 NVLink domain; recipe preset: HybridEP dispatcher (moe_flex_dispatcher_backend "
-        "'hybridep'), recompute_modules ['mla_up_proj'], CUDA graphs on router and preprocess.",
-        recompute="selective (recipe preset: mla_up_proj)"),
+        "'hybridep'), recompute_modules ['mla_up_proj'], CUDA graphs on router and preprocess.", recompute="none"),
     _mb("DeepSeek-V3 (no MTP), 256 GB200, MXFP8", "gb200", DSV3_NOMTP, 256, "FP8-MX", 4096, 1, 4096, 0, 1, 8, 1, 4,
         32, 128, 4018, 1003,
         "DeepSeekV3 (w/o MTP) | 256 | FP8-MX | 4096 | 1 | 4096 | 0 | 1 | 8 | 1 | 4 | 32 | 128 | 4018 | 1003",
-        "61 layers over PP 8 x VP 4 = 32 chunks: uneven.",
-        recompute="selective (recipe preset: mla_up_proj)"),
+        "61 layers over PP 8 x VP 4 = 32 chunks: uneven."
+        " Recipe preset: recompute_modules ['mla_up_proj'].", recompute="none"),
     _mb("GPT-OSS 120B, 64 GB200, BF16", "gb200", GPT_OSS_120B, 64, "BF16", 1280, 1, 8192, 0, 1, 1, 1, 1, 64, 20,
         15876, 488,
         "GPT OSS 120B | 64 | BF16 | 1280 | 1 | 8192 | 0 | 1 | 1 | 1 | 1 | 64 | 20 | 15876 | 488",
         "Every other layer uses 128-token sliding-window attention (the FLOPs formula counts full causal "
-        "attention on every layer).", recompute="selective (recipe preset: layernorm, moe_act)"),
+        "attention on every layer)." " Recipe preset: recompute_modules ['layernorm', 'moe_act'].", recompute="none"),
     _mb("Qwen3 30B-A3B, 8 GB200, MXFP8", "gb200", QWEN3_30B_A3B, 8, "FP8-MX", 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16,
         23766, 547,
         "Qwen3_30B_a3B | 8 | FP8-MX | 512 | 4 | 4096 | 0 | 1 | 1 | 1 | 1 | 8 | 16 | 23766 | 547"),
@@ -169,12 +175,12 @@ _MB_ROWS = (
     _mb("DeepSeek-V3 (with MTP), 256 B200, MXFP8", "b200", DSV3_MTP, 256, "FP8-MX", 2048, 1, 4096, 0, 1, 16, 1, 1,
         8, 128, 2139, 557,
         "DeepSeekV3 (w/ MTP) | 256 | FP8-MX | 2048 | 1 | 4096 | 0 | 1 | 16 | 1 | 1 | 8 | 128 | 2139 | 557",
-        "EP 8: one node. MTP: one multi-token-prediction layer, counted by the FLOPs formula.",
-        recompute="selective (recipe preset: mla_up_proj)"),
+        "EP 8: one node. MTP: one multi-token-prediction layer, counted by the FLOPs formula."
+        " Recipe preset: recompute_modules ['mla_up_proj'].", recompute="none"),
     _mb("GPT-OSS 120B, 64 B200, BF16", "b200", GPT_OSS_120B, 64, "BF16", 512, 4, 4096, 0, 1, 1, 1, 1, 8, 2,
         8213, 223,
         "GPT OSS 120B | 64 | BF16 | 512 | 4 | 4096 | 0 | 1 | 1 | 1 | 1 | 8 | 2 | 8213 | 223",
-        "Sliding-window attention on every other layer.", recompute="selective (recipe preset: layernorm, moe_act)"),
+        "Sliding-window attention on every other layer." " Recipe preset: recompute_modules ['layernorm', 'moe_act'].", recompute="none"),
     _mb("Qwen3 30B-A3B, 8 B200, MXFP8", "b200", QWEN3_30B_A3B, 8, "FP8-MX", 512, 1, 4096, 0, 1, 1, 1, 1, 8, 64,
         9299, 214,
         "Qwen3_30B_a3B | 8 | FP8-MX | 512 | 1 | 4096 | 0 | 1 | 1 | 1 | 1 | 8 | 64 | 9299 | 214",
@@ -187,7 +193,9 @@ _MB_ROWS = (
     _mb("Llama 3 8B, 8 H100, FP8 current scaling, FSDP", "h100", LLAMA3_8B, 8, "FP8-CS", 128, 1, 8192, 8, 1, 1, 1,
         None, 1, 16, 14451, 744,
         "LLAMA3_8B | 8 | FP8-CS | 128 | 1 | 8192 | 8 | 1 | 1 | 1 | n/a | 1 | 16 | 14451 | 744",
-        "Recipe preset (DDP there): recompute_num_layers=5."),
+        "Recipe preset (DDP there): recompute_num_layers=5, which overrides.py turns into full recomputation of 5 "
+        "of the 32 layers (recompute_method 'block'); priced as none: the planner recomputes all layers or none, "
+        "and all of them would add 27 % to the step, 5 of 32 about 4 %."),
     _mb("Llama 3 70B, 64 H100, FP8 current scaling", "h100", LLAMA3_70B, 64, "FP8-CS", 128, 1, 8192, 0, 4, 8, 1, 5,
         1, 64, 1602, 719,
         "LLAMA3_70B | 64 | FP8-CS | 128 | 1 | 8192 | 0 | 4 | 8 | 1 | 5 | 1 | 64 | 1602 | 719",
@@ -199,7 +207,7 @@ _MB_ROWS = (
     _mb("GPT-OSS 120B, 64 H100, BF16", "h100", GPT_OSS_120B, 64, "BF16", 512, 4, 4096, 0, 1, 4, 1, 1, 8, 2,
         5630, 153,
         "GPT OSS 120B | 64 | BF16 | 512 | 4 | 4096 | 0 | 1 | 4 | 1 | 1 | 8 | 2 | 5630 | 153",
-        "Sliding-window attention on every other layer.", recompute="selective (recipe preset: layernorm, moe_act)"),
+        "Sliding-window attention on every other layer." " Recipe preset: recompute_modules ['layernorm', 'moe_act'].", recompute="none"),
     _mb("Qwen3 30B-A3B, 16 H100, FP8 current scaling", "h100", QWEN3_30B_A3B, 16, "FP8-CS", 512, 2, 4096, 0, 1, 2,
         1, 24, 8, 32, 5275, 121,
         "Qwen3_30B_a3B | 16 | FP8-CS | 512 | 2 | 4096 | 0 | 1 | 2 | 1 | 24 | 8 | 32 | 5275 | 121",
@@ -255,7 +263,7 @@ T3 = "Table 3, '1D Parallelism (FSDP). Llama 3.1 8B model. 128 GPUs. Local batch
 T4 = "Table 4, '2D parallelism (FSDP + TP) + torch.compile + Float8. Llama 3.1 70B model. 256 GPUs (FSDP 32, TP 8). Local batch size 16, global batch size 512. Full activation checkpointing.'"
 T5 = "Table 5, '3D parallelism (FSDP + TP + PP) + torch.compile + Float8 + AsyncTP. Llama 3.1 405B model. 512 GPUs (FSDP 8, TP 8, PP8). Local batch size 32, global batch size 256. Full activation checkpointing.'"
 T6 = "Table 6, '4D parallelism (FSDP + TP + PP + CP) + torch.compile + Float8 + AsyncTP + 1F1B. Llama 3.1 405B model. 512 GPUs (TP 8, PP8). Local batch size 8. Full activation checkpointing.'"
-SAC = "selective (torchtitan 'op' policy)"
+SAC = "op"  # torchtitan's op-level selective checkpointing (ac_mode 'selective', selective_ac_option 'op')
 PP_MB = ("micro_batch: the benchmark does not give the number of micro-batches; torchtitan's default at 9dec370 "
          "is one per pipeline stage (pipeline_parallel_microbatches = PP), i.e. local batch / 8.")
 
@@ -330,7 +338,7 @@ def _l3(name, gpus, tp, cp, pp, dp, seq, per_dp, tflops, mfu, extra=""):
         "seq_len": seq, "global_batch": per_dp * dp, "micro_batch": None,
         "tp": tp, "pp": pp, "cp": cp, "vp": 1, "ep": 1, "etp": None, "dp": dp,
         "zero": "fsdp (parameters kept after forward: ZeRO-2-like)", "cp_kind": "all_gather" if cp > 1 else None,
-        "recompute": "none" if seq <= 8192 else "not stated",
+        "recompute": "none" if seq <= 8192 else None,
         "capacity_factor": None,
         "fused": True, "tp_overlap": True, "ep_overlap": False, "offload_layers": 0,
         "tokens_per_s_per_gpu": None, "tflops_per_gpu": tflops, "flops_counting": L3_FLOPS,
@@ -368,7 +376,7 @@ _DSV3_ROW = {
     "seq_len": 4096, "global_batch": 15360, "micro_batch": None,
     "tp": 1, "pp": 16, "cp": 1, "vp": 2, "ep": 64, "etp": 1, "dp": 128,
     "zero": "zero1", "cp_kind": None,
-    "recompute": "selective (§3.2.3: RMSNorm and MLA up-projections recomputed in backward)",
+    "recompute": "none",
     "capacity_factor": None,
     "fused": True, "tp_overlap": False, "ep_overlap": True, "offload_layers": 0,
     "tokens_per_s_per_gpu": 1e12 / (180e3 * 3600),
@@ -383,7 +391,8 @@ _DSV3_ROW = {
               "'NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)' (§3.2.2); MTP depth 1; "
               "master weights and "
               "gradients FP32, Adam moments BF16; dropless with auxiliary-loss-free balancing; embedding, output "
-              "head, gating, norms and attention in BF16/FP32 (§3.3.1); no token dropping (§2.1.2). micro_batch not stated."),
+              "head, gating, norms and attention in BF16/FP32 (§3.3.1); no token dropping (§2.1.2). micro_batch not stated. "
+              "recompute: §3.2.3 recomputes RMSNorm and the MLA up-projections in backward (small work: none)."),
 }
 
 FIELD_RUNS = _MB_ROWS + _TT_ROWS + _L3_ROWS + (_DSV3_ROW,)

@@ -190,8 +190,9 @@ UTILIZATION = 0.61
 H100_UTILIZATION = 0.66
 #: The B200's and GB200's share (:func:`cluster_of` ``"b200"``, ``"gb200"``), their generation's one fitted constant, of
 #: the peak of whichever precision the products run in: fitted on the dense Llama 3 8B rows on 8 B200s and 8 GB200s in
-#: FP8 (:data:`~parlab.decide.planner.field.FITTED`: 0.619); no other row fitted it.
-BLACKWELL_UTILIZATION = 0.62
+#: FP8 (:data:`~parlab.decide.planner.field.FITTED`: 0.558, priced without recomputation as the runs ran; 0.619 while
+#: they were priced with selective recomputation); no other row fitted it.
+BLACKWELL_UTILIZATION = 0.56
 #: Each generation's one fitted share, by the precision of the matrix products: the same share of FP8 peak as of
 #: bf16 peak, so FP8's products run at most as much faster as the peaks say (twice), and every FP8 row priced
 #: on an H100 fitted nothing (``docs/planner.md``, "Today's layouts"). The A100 has no FP8.
@@ -201,9 +202,9 @@ UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATIO
 #: FLOPs and bytes: the fixed cost of running each expert as its own small matrix products (Transformer Engine's
 #: grouped linear layers launch and quantise expert by expert, and a dropless dispatch waits on the device for
 #: the tokens each expert got), independent of how many tokens it got. One fitted constant per generation,
-#: each on its MoE rows on the fewest GPUs (:data:`~parlab.decide.planner.field.EXPERT_FITTED`: 0.38 ms on the
-#: Blackwells, 1.28 ms on the H100); the A100, with no MoE row, takes the H100's, assumed (``docs/ci.md``).
-EXPERT_SECONDS = {"h100": 1.28e-3, "blackwell": 0.38e-3}
+#: each on its MoE rows on the fewest GPUs (:data:`~parlab.decide.planner.field.EXPERT_FITTED`: 0.39 ms on the
+#: Blackwells, 1.35 ms on the H100); the A100, with no MoE row, takes the H100's, assumed (``docs/ci.md``).
+EXPERT_SECONDS = {"h100": 1.35e-3, "blackwell": 0.39e-3}
 EXPERT_SECONDS["a100"] = EXPERT_SECONDS["h100"]  # assumed: no A100 MoE row
 #: Bytes an Adam step reads and writes per parameter (fp32 master, two moments, gradient): memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 32

@@ -620,7 +620,10 @@ def _name_lookups(tmp_path, code: str, *args) -> list[str]:
     """The lines of ``strace`` showing a name lookup by ``code`` or any process it starts."""
     script, log = tmp_path / "traced.py", tmp_path / "strace.log"
     script.write_text(code)
-    subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat,connect", "-o", str(log), sys.executable,
+    # --seccomp-bpf: the traced processes stop only at openat and connect, not at every system call (the
+    # positive control took 7.5 s without it, 2.7 s with it; strace falls back to stopping at every call where
+    # the kernel has no seccomp filter)
+    subprocess.run(["strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=openat,connect", "-o", str(log), sys.executable,
                     str(script), *args], check=True, capture_output=True, timeout=300)
     return [line for line in log.read_text().splitlines() if NAME_LOOKUP.search(line)]
 

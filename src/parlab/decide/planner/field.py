@@ -4,8 +4,9 @@ parallelism, HSDP, interleaved pipelines, on H100/H800, B200 and GB200, priced b
 
 The rows are data (:data:`~parlab.decide.planner.field_data.FIELD_RUNS`, each with its source); this module turns
 each into a workload, a layout and a cluster, and names the rows each fitted constant was fitted on: the
-Blackwells' share of peak (:data:`FITTED`) and each generation's fixed cost per local expert
-(:data:`EXPERT_FITTED`). Every other row fitted nothing."""
+Blackwells' share of peak (:data:`FITTED`), each generation's fixed cost per local expert
+(:data:`EXPERT_FITTED`) and PyTorch's async TP's share of TP hidden (:data:`TP_OVERLAP_FITTED`). Every other row
+fitted nothing."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ class FieldRun:
 #: shortest sequence, the rule chosen before any other row was priced with it. A generation has one share, of the
 #: peak of whatever precision its matrix products run in: FP8 reaches the same share of FP8 peak as bf16 of bf16
 #: peak (so FP8's products run at most twice as fast, as the peaks say), and the H100's is chapter 07's (0.66,
-#: fitted on MPT in bf16): every H100 row here, FP8 or bf16, fitted nothing. Every row not named here fitted nothing.
+#: fitted on MPT in bf16): no H100 row here, FP8 or bf16, fitted it. Every row not named here, in
+#: :data:`EXPERT_FITTED` or in :data:`TP_OVERLAP_FITTED` fitted nothing.
 FITTED = {"blackwell": ("Llama 3 8B, 8 GB200, FP8 current scaling", "Llama 3 8B, 8 GB200, MXFP8",
                         "Llama 3 8B, 8 B200, FP8 current scaling", "Llama 3 8B, 8 B200, MXFP8")}
 #: The rows each generation's :data:`~parlab.decide.planner.hardware.EXPERT_SECONDS` was fitted on

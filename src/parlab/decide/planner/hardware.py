@@ -195,7 +195,7 @@ H100_UTILIZATION = 0.66
 BLACKWELL_UTILIZATION = 0.56
 #: Each generation's one fitted share, by the precision of the matrix products: the same share of FP8 peak as of
 #: bf16 peak, so FP8's products run at most as much faster as the peaks say (twice), and every FP8 row priced
-#: on an H100 fitted nothing (``docs/planner.md``, "Today's layouts"). The A100 has no FP8.
+#: on an H100 fitted no share (``docs/planner.md``, "Today's layouts"). The A100 has no FP8.
 UTILIZATIONS = {("a100", "bf16"): UTILIZATION, ("h100", "bf16"): H100_UTILIZATION, ("h100", "fp8"): H100_UTILIZATION,
                 ("blackwell", "bf16"): BLACKWELL_UTILIZATION, ("blackwell", "fp8"): BLACKWELL_UTILIZATION}
 #: Seconds a rank spends per local expert per MoE layer and micro-batch (forward and backward together) beyond its

@@ -57,10 +57,13 @@ SYSTEMS = {
 TABLE = {"gb200": "System: DGX-GB200", "b200": "System: DGX-B200", "h100": "System: DGX-H100"}
 MB_RECOMPUTE = (
     "recompute: none unless the row's notes name a recipe preset's: Megatron-Core's TransformerConfig defaults to "
-    "recompute_granularity None, and neither the pretrain recipes nor the performance presets set one for these "
-    "rows (the Qwen3 presets set None explicitly). A preset's recompute_modules are priced as none: layernorm and "
-    "moe_act rerun memory-bound work, and mla_up_proj reruns DeepSeek-V3's query and key/value up-projections, "
-    "about a tenth of a layer's forward FLOPs by their shapes.")
+    "recompute_granularity None ('no recompute is performed and all activations are saved', transformer_config.py "
+    "at the Megatron-LM commit 97ad8cc6f pins, 92c8482e6), and neither the pretrain recipes nor the performance "
+    "presets set one for these rows (the Qwen3 presets set None explicitly). GPT-OSS's presets list "
+    "recompute_modules ['layernorm', 'moe_act'] but leave the granularity None, so nothing is recomputed (the "
+    "modules apply only under 'selective'). DeepSeek-V3's set 'selective' with ['mla_up_proj'], which leaves "
+    "core attention kept and reruns the query and key/value up-projections, about a tenth of a layer's forward "
+    "FLOPs (9 % by their shapes): priced as none.")
 RECIPES = {  # the table's precision word -> (precision, fp8 recipe); Megatron-Bridge mixed_precision.py
     "BF16": ("bf16", None),
     "FP8-CS": ("fp8", "tensorwise"),  # bf16_with_fp8_current_scaling_mixed: fp8_recipe "tensorwise"
@@ -132,7 +135,9 @@ _MB_ROWS = (
     _mb("Llama 3.1 405B, 256 GB200, FP8 current scaling", "gb200", LLAMA31_405B, 256, "FP8-CS", 1536, 1, 8192, 0,
         4, 16, 1, 4, 1, 384, 813, 2053,
         "LLAMA3.1_405B | 256 | FP8-CS | 1536 | 1 | 8192 | 0 | 4 | 16 | 1 | 4 | 1 | 384 | 813 | 2053",
-        "126 layers over PP 16 x VP 4 = 64 chunks: uneven."),
+        "126 layers over PP 16 x VP 4 = 64 chunks: uneven. The GB200 FP8-CS recipe preset at 97ad8cc6f is another "
+        "layout (128 GPUs, TP 2, Megatron-FSDP, cpu_offloading_num_layers=92), so this row's offload is not stated: "
+        "priced as none."),
     _mb("DeepSeek-V3 (no MTP), 256 GB200, BF16", "gb200", DSV3_NOMTP, 256, "BF16", 4096, 1, 4096, 0, 1, 4, 1, 4,
         64, 64, 3139, 782,
         "DeepSeekV3 (w/o MTP) | 256 | BF16 | 4096 | 1 | 4096 | 0 | 1 | 4 | 1 | 4 | 64 | 64 | 3139 | 782",

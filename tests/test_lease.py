@@ -518,7 +518,8 @@ def test_two_unix_users_share_the_lock_folder_and_the_queue(learners):
         assert "only 2 were free" in refused and f"GPU 0 by {alice.pw_name} (pid {holder.proc.pid}" in refused
         other = side(bob, "two more", 2, "0,1,2,3", 0)
         assert other.until("got", "refused") == "got 2,3"  # his lock files now: she must be able to lock them
-        other.let_go()
+        # he holds 2,3 until bob's waiter is served: were they free, it could take them the moment her dead ticket is
+        # skipped, racing her holder's release of 0,1 (a fresh clone once saw "got 2,3")
         waiter = side(alice, "her second notebook", 4, "0,1,2,3", 60)
         assert waiter.until("said", "got", "refused").startswith("said parlab: waiting for 4 free GPU(s)")
         behind = side(bob, "behind her", 2, "0,1,2,3", 60)
@@ -528,6 +529,7 @@ def test_two_unix_users_share_the_lock_folder_and_the_queue(learners):
         waiter.proc.wait()
         holder.let_go()
         assert behind.until("got", "refused") == "got 0,1"  # served; her dead ticket did not block him
+        other.let_go()
         behind.let_go()
         dead = _tickets(folder)
         assert len(dead) == 1 and os.stat(os.path.join(folder, dead[0])).st_uid == alice.pw_uid  # sticky: his

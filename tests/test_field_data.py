@@ -33,6 +33,7 @@ def test_row_is_complete_and_multiplies_out(row):
     assert row["tokens_per_s_per_gpu"] or row["tflops_per_gpu"], f"{row['name']}: no outcome"
     assert {type(row[k]) for k in ("fused", "tp_overlap", "ep_overlap")} == {bool}, row["name"]
     assert row["recompute"] in RECOMPUTES or (row["recompute"] is None and not row["tokens_per_s_per_gpu"]), row["name"]
+    assert row["recompute_layers"] is None or (row["recompute"] == "full" and type(row["recompute_layers"]) is int)
     assert type(row["offload_layers"]) is int and 0 <= row["offload_layers"] < row["model"]["num_hidden_layers"]
     assert not row["ep_overlap"] or row["ep"] > 1, f"{row['name']}: ep_overlap without EP"
     per_dp, rest = divmod(row["global_batch"], row["dp"])

@@ -374,6 +374,36 @@ def test_offloaded_layers_leave_their_activations_but_one_in_flight(changes):
     assert kept[0] - kept[7] == pytest.approx(5 * per_layer, abs=2)  # a stage of 4 layers: 3 at most
 
 
+def test_recompute_layers_prices_each_chunks_first_layers_between_none_and_all():
+    """``recompute_layers`` (Megatron-Core's ``recompute_method="block"``): that many layers of each model chunk
+    recompute, the others keep theirs. The step, its parts and the activations are weighted between no
+    recomputation and all of it by layers: 3 of a stage's 4; with 2 chunks a stage, 2 of each is all 4."""
+    w = planner.Workload(_llama(num_hidden_layers=8), global_batch=8, seq_len=SEQ, micro_batch=2, recompute="full",
+                         fused=True)
+    cluster, layout = planner.Cluster(gpus_per_node=2), planner.Layout(pp=2)
+    none, full = (planner.predict(x, layout, cluster) for x in (replace(w, recompute="none", checkpointing=False), w))
+    some = planner.predict(replace(w, recompute_layers=3), layout, cluster)
+    assert none.step_s < some.step_s < full.step_s and full.memory.activations < some.memory.activations
+    assert some.step_s == pytest.approx(none.step_s + 0.75 * (full.step_s - none.step_s), rel=1e-12)
+    assert some.memory.activations == pytest.approx(
+        none.memory.activations + 0.75 * (full.memory.activations - none.memory.activations), abs=1)
+    assert some.parts == pytest.approx({k: none.parts[k] + 0.75 * (full.parts[k] - none.parts[k]) for k in full.parts})
+    chunks = planner.Layout(pp=2, vp=2)
+    assert planner.predict(replace(w, recompute_layers=2), chunks, cluster).step_s == planner.predict(w, chunks, cluster).step_s
+    assert planner.predict(replace(w, recompute_layers=1), chunks, cluster).step_s < planner.predict(w, chunks, cluster).step_s
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(recompute="none", recompute_layers=3), "recompute_layers=3: 1 to 8 layers of each model chunk, with "
+                                                  "recompute='full' (got 'none')"),
+    (dict(recompute="full", recompute_layers=0), "recompute_layers=0: 1 to 8"),
+    (dict(checkpointing=True, recompute_layers=9), "recompute_layers=9: 1 to 8"),
+])
+def test_recompute_layers_refuses_what_megatron_refuses(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        planner.Workload(_llama(num_hidden_layers=8), global_batch=8, seq_len=SEQ, **changes)
+
+
 # -- memory: the experts over ep × etp, sharded over edp --------------------------------------------------------
 
 @pytest.mark.parametrize("axes, edp", [(dict(dp=8, ep=4), 2), (dict(dp=4, tp=2, ep=4, etp=2), 1),

@@ -83,7 +83,7 @@ class FieldRun:
         config = getattr(transformers, model.pop("class"))(**model)
         return Workload(config, global_batch=r["global_batch"], seq_len=r["seq_len"], micro_batch=r["micro_batch"],
                         precision=r["precision"], fp8_recipe=r.get("fp8_recipe") or "tensorwise",
-                        fp8_gather=bool(r.get("fp8_gather")), recompute=r["recompute"],
+                        fp8_gather=bool(r.get("fp8_gather")), recompute=r["recompute"], recompute_layers=r["recompute_layers"],
                         sequence_parallel=r["tp"] > 1,
                         attention="cudnn" if r["framework"] in ("megatron", "meta") else "sdpa", capacity_factor=r.get("capacity_factor"),
                         fused=r["fused"], offload_layers=r["offload_layers"])

@@ -18,13 +18,14 @@ Sources, in the order the rows come:
 - torchtitan's ``benchmarks/llama3_h100_202412_torchtitan.md`` (github.com/pytorch/torchtitan, the torchtitan
   team's runs with the torch/torchao/torchtitan of 2024-12-26; the paper, Liang et al. 2024, arXiv:2410.06511,
   was not in the stored sources, so its own tables are not used).
-- Llama 3 (Dubey et al. 2024, arXiv:2407.21783v3), §3.3.2, Table 4.
-- DeepSeek-V3 technical report (arXiv:2412.19437), §1 Table 1 and §3.
+- Llama 3 (Dubey et al. 2024, arXiv:2407.21783v3), §3.3.2, Table 4, and the DeepSeek-V3 technical report
+  (arXiv:2412.19437), §1 Table 1 and §3: their rows in :mod:`~parlab.decide.planner.field_reports`.
 """
 
 from __future__ import annotations
 
 
+from parlab.decide.planner.field_reports import DSV3_ROW, L3_ROWS  # the rows of Llama 3's and DeepSeek-V3's reports
 from parlab.decide.planner.field_models import (DEEPSEEK_V3, GPT_OSS_120B, LLAMA3_8B, LLAMA3_70B, LLAMA31_405B,
                                                 QWEN3_30B_A3B, QWEN3_235B_A22B)
 
@@ -59,7 +60,7 @@ MB_RECOMPUTE = (
     "recompute: none unless the row's notes name a recipe preset's: Megatron-Core's TransformerConfig defaults to "
     "recompute_granularity None ('no recompute is performed and all activations are saved', transformer_config.py "
     "at the Megatron-LM commit 97ad8cc6f pins, 92c8482e6), and neither the pretrain recipes nor the performance "
-    "presets set one for these rows (the Qwen3 presets set None explicitly). GPT-OSS's presets list "
+    "presets set one for these rows but Llama 3 8B on H100 (the Qwen3 presets set None explicitly). GPT-OSS's presets list "
     "recompute_modules ['layernorm', 'moe_act'] but leave the granularity None, so nothing is recomputed (the "
     "modules apply only under 'selective'). DeepSeek-V3's set 'selective' with ['mla_up_proj'], which leaves "
     "core attention kept and reruns the query and key/value up-projections, about a tenth of a layer's forward "
@@ -72,7 +73,7 @@ RECIPES = {  # the table's precision word -> (precision, fp8 recipe); Megatron-B
 
 
 def _mb(name, gpu, model, gpus, prec, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, ga, tok, tfl, printed,
-        notes="", recompute="none", ep_overlap=False, offload_layers=0):
+        notes="", recompute="none", recompute_layers=None, ep_overlap=False, offload_layers=0):
     """One row of the 25.11 tables; ``printed`` is the row as the table prints it. ``recompute``: the planner's
     value for what the row's recipe preset recomputes (:data:`MB_RECOMPUTE`), its words in ``notes``."""
     precision, recipe = RECIPES[prec]
@@ -95,7 +96,7 @@ def _mb(name, gpu, model, gpus, prec, gbs, mbs, seq, fsdp, tp, pp, cp, vp, ep, g
         "dp": dp,
         "zero": "fsdp" if fsdp else "distributed optimizer",
         "cp_kind": "p2p" if cp > 1 else None,
-        "recompute": recompute,
+        "recompute": recompute, "recompute_layers": recompute_layers,
         "capacity_factor": None,
         "fused": True, "tp_overlap": tp > 1, "ep_overlap": ep_overlap, "offload_layers": offload_layers,
         "tokens_per_s_per_gpu": tok, "tflops_per_gpu": tfl,
@@ -198,9 +199,8 @@ _MB_ROWS = (
     _mb("Llama 3 8B, 8 H100, FP8 current scaling, FSDP", "h100", LLAMA3_8B, 8, "FP8-CS", 128, 1, 8192, 8, 1, 1, 1,
         None, 1, 16, 14451, 744,
         "LLAMA3_8B | 8 | FP8-CS | 128 | 1 | 8192 | 8 | 1 | 1 | 1 | n/a | 1 | 16 | 14451 | 744",
-        "Recipe preset (DDP there): recompute_num_layers=5, which overrides.py turns into full recomputation of 5 "
-        "of the 32 layers (recompute_method 'block'); priced as none: the planner recomputes all layers or none, "
-        "and all of them would add 27 % to the step, 5 of 32 about 4 %."),
+        "Recipe preset (DDP there): recompute_num_layers=5, which scripts/performance/utils/overrides.py turns into "
+        "full recomputation (recompute_method 'block') of 5 of the 32 layers.", recompute="full", recompute_layers=5),
     _mb("Llama 3 70B, 64 H100, FP8 current scaling", "h100", LLAMA3_70B, 64, "FP8-CS", 128, 1, 8192, 0, 4, 8, 1, 5,
         1, 64, 1602, 719,
         "LLAMA3_70B | 64 | FP8-CS | 128 | 1 | 8192 | 0 | 4 | 8 | 1 | 5 | 1 | 64 | 1602 | 719",
@@ -248,7 +248,7 @@ def _tt(name, table, printed, model, gpus, tok, *, seq=8192, local_batch, tp=1, 
         "micro_batch": micro_batch if micro_batch is not None else (local_batch if pp == 1 else None),
         "tp": tp, "pp": pp, "cp": cp, "vp": vp, "ep": 1, "etp": None, "dp": dp,
         "zero": "fsdp", "cp_kind": "all_gather" if cp > 1 else None,
-        "recompute": recompute, "capacity_factor": None,
+        "recompute": recompute, "recompute_layers": None, "capacity_factor": None,
         "fused": compiled, "tp_overlap": async_tp, "ep_overlap": False, "offload_layers": 0,
         "tokens_per_s_per_gpu": tok, "tflops_per_gpu": None, "flops_counting": TT_FLOPS,
         "derived": " ".join(x for x in (
@@ -317,87 +317,4 @@ _TT_ROWS = (
         recompute="full", derived=PP_MB, async_tp=True, notes="Async TP on; 1F1B."),
 )
 
-# -- Llama 3, Table 4 ----------------------------------------------------------------------------------------
-
-L3_TABLE = ("Dubey et al. 2024, 'The Llama 3 Herd of Models', arXiv:2407.21783v3, §3.3.2, Table 4 'Scaling "
-            "configurations and MFU for each stage of Llama 3 405B pre-training' (GPUs | TP | CP | PP | DP | Seq. "
-            "Len. | Batch size/DP | Tokens/Batch | TFLOPs/GPU | BF16 MFU)")
-L3_FLOPS = ("unknown: the paper states 'BF16 Model FLOPs Utilization (MFU; Chowdhery et al. (2023))' but not its "
-            "formula (PaLM's MFU is 6N + 12*L*H*Q*T per token, attention not halved for causality; whether Llama 3 "
-            "used it is not said), so tokens per second are not derived")
-L3_NOTE = ("Meta's Grand Teton H100 (80 GB HBM3, 700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU. "
-           "§3.3.2: FSDP shards optimizer states and gradients, 'for model shards they do not reshard after "
-           "forward computation'; gradients reduce-scattered in FP32; parallelism order [TP, CP, PP, DP]; an "
-           "interleaved schedule with V stages per pipeline rank (V not stated) and a tunable number N of "
-           "contiguous micro-batches (micro-batch size not stated); the first and last stages hold one Transformer "
-           "layer fewer; NCCLX (Meta's fork of NCCL).")
-
-
-def _l3(name, gpus, tp, cp, pp, dp, seq, per_dp, tflops, mfu, extra=""):
-    assert gpus == tp * cp * pp * dp, name
-    return {
-        "name": name,
-        "source": f"{L3_TABLE}: \"{gpus:,} | {tp} | {cp} | {pp} | {dp} | {seq:,} | {per_dp} | 16M | {tflops} | {mfu}\"",
-        "framework": "meta", "gpu": "h100", "gpus": gpus, "model": LLAMA31_405B,
-        "precision": "bf16", "fp8_recipe": None, "fp8_gather": False,
-        "seq_len": seq, "global_batch": per_dp * dp, "micro_batch": None,
-        "tp": tp, "pp": pp, "cp": cp, "vp": 1, "ep": 1, "etp": None, "dp": dp,
-        "zero": "fsdp (parameters kept after forward: ZeRO-2-like)", "cp_kind": "all_gather" if cp > 1 else None,
-        "recompute": "none" if seq <= 8192 else None,
-        "capacity_factor": None,
-        "fused": True, "tp_overlap": True, "ep_overlap": False, "offload_layers": 0,
-        "tokens_per_s_per_gpu": None, "tflops_per_gpu": tflops, "flops_counting": L3_FLOPS,
-        "derived": f"global batch = batch size/DP {per_dp} x DP {dp} = {per_dp * dp} sequences "
-                   f"({per_dp * dp * seq:,} tokens, the table's '16M').{extra}",
-        "notes": L3_NOTE + (" CP (§3.3.2): the sequence cut into 2 x CP chunks, rank i holding chunks i and "
-                            "2CP-1-i; 'an all-gather based method where the key (K) and value (V) tensors are "
-                            "first all-gathered', the all-gather exposed." if cp > 1 else
-                            " Recompute none: 'Llama 3 could be pre-trained on sequences of 8K tokens without "
-                            "activation checkpointing' (§3.3.2).")
-                 + " vp recorded as 1 though the schedule is interleaved: V is not given.",
-    }
-
-
-_L3_ROWS = (
-    _l3("Llama 3 405B, 8,192 H100, 8k tokens", 8192, 8, 1, 16, 64, 8192, 32, 430, "43%"),
-    _l3("Llama 3 405B, 16,384 H100, 8k tokens", 16384, 8, 1, 16, 128, 8192, 16, 400, "41%"),
-    _l3("Llama 3 405B, 16,384 H100, 128k tokens, CP 16", 16384, 8, 16, 16, 8, 131072, 16, 380, "38%",
-        " DP 8 = 16,384/(8*16*16); arXiv v1's table printed DP 4, which does not multiply out; v3 prints 8."),
-)
-
-# -- DeepSeek-V3 -------------------------------------------------------------------------------------------
-
-_DSV3_ROW = {
-    "name": "DeepSeek-V3 671B, 2,048 H800, FP8 blockwise",
-    "source": ("DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', arXiv:2412.19437: §1 / Table 1 'training "
-               "DeepSeek-V3 on each trillion tokens requires only 180K H800 GPU hours, i.e., 3.7 days on our "
-               "cluster with 2048 H800 GPUs'; §3.2 'DeepSeek-V3 applies 16-way Pipeline Parallelism (PP), 64-way "
-               "Expert Parallelism (EP) spanning 8 nodes, and ZeRO-1 Data Parallelism (DP)' and 'without using "
-               "costly Tensor Parallelism (TP)'; §3.3.2 activations '1x128 tile', weights '128x128 block'; §4.2 "
-               "sequence length 4K, batch size 'gradually increased from 3072 to 15360 in the training of the "
-               "first 469B tokens, and then keeps 15360'"),
-    "framework": "deepseek", "gpu": "h800", "gpus": 2048, "model": {**DEEPSEEK_V3, "num_mtp_layers": 1},
-    "precision": "fp8", "fp8_recipe": "blockwise", "fp8_gather": None,
-    "seq_len": 4096, "global_batch": 15360, "micro_batch": None,
-    "tp": 1, "pp": 16, "cp": 1, "vp": 2, "ep": 64, "etp": 1, "dp": 128,
-    "zero": "zero1", "cp_kind": None,
-    "recompute": "none",
-    "capacity_factor": None,
-    "fused": True, "tp_overlap": False, "ep_overlap": True, "offload_layers": 0,
-    "tokens_per_s_per_gpu": 1e12 / (180e3 * 3600),
-    "tflops_per_gpu": None,
-    "flops_counting": "none published: the report gives GPU hours per trillion tokens, not FLOP/s",
-    "derived": ("tokens/s/GPU = 1e12 tokens / (180,000 GPU-hours x 3600 s) = 1543, an average over the whole "
-                "pre-training (batch ramp, restarts and evaluation included); dp = 2048/16 = 128 with EP 64 "
-                "inside it; global batch: the 15,360 it kept after 469B tokens; vp 2: DualPipe holds two "
-                "model chunks per rank (§3.2.1 Table 2, 'Parameter 2x')."),
-    "notes": ("DualPipe: bidirectional pipeline overlapping each chunk's all-to-all and PP communication with "
-              "computation; tokens dispatched to at most 4 nodes; 20 SMs given to communication (§3.2.2); H800 "
-              "'NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)' (§3.2.2); MTP depth 1; "
-              "master weights and "
-              "gradients FP32, Adam moments BF16; dropless with auxiliary-loss-free balancing; embedding, output "
-              "head, gating, norms and attention in BF16/FP32 (§3.3.1); no token dropping (§2.1.2). micro_batch not stated. "
-              "recompute: §3.2.3 recomputes RMSNorm and the MLA up-projections in backward (small work: none)."),
-}
-
-FIELD_RUNS = _MB_ROWS + _TT_ROWS + _L3_ROWS + (_DSV3_ROW,)
+FIELD_RUNS = _MB_ROWS + _TT_ROWS + L3_ROWS + (DSV3_ROW,)

@@ -12,7 +12,7 @@ from __future__ import annotations
 KEYS = (
     "name", "source", "framework", "gpu", "gpus", "model", "precision", "fp8_recipe", "fp8_gather",
     "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "vp", "ep", "etp", "dp", "zero", "cp_kind",
-    "recompute", "capacity_factor", "fused", "tp_overlap", "ep_overlap", "offload_layers", "tokens_per_s_per_gpu", "tflops_per_gpu", "flops_counting", "derived", "notes",
+    "recompute", "recompute_layers", "capacity_factor", "fused", "tp_overlap", "ep_overlap", "offload_layers", "tokens_per_s_per_gpu", "tflops_per_gpu", "flops_counting", "derived", "notes",
 )
 
 # -- model shapes -------------------------------------------------------------------------------------------

@@ -113,9 +113,40 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     Megatron-LM refuses the overlap without SP. ``ep_overlap``: the experts' all-to-alls run beside another
     micro-batch's computation (DeepSeek-V3's DualPipe, Megatron-Core's ``--overlap-moe-expert-parallel-comm``),
     so only what exceeds it counts; off: exposed. ``without``: cost terms left out (:data:`TERMS`), to see
-    what each adds."""
-    return _predict(workload, layout, cluster, implementation=implementation, reshard=reshard,
-                    tp_overlap=tp_overlap, ep_overlap=ep_overlap, without=without, grad_dtype=grad_dtype)
+    what each adds. A workload that recomputes only some layers (``recompute_layers``) is priced between the
+    predictions without recomputation and with all of it, weighted by :func:`recomputed_share`."""
+    options = dict(implementation=implementation, reshard=reshard, tp_overlap=tp_overlap, ep_overlap=ep_overlap,
+                   without=without, grad_dtype=grad_dtype)
+    share = recomputed_share(workload, layout)
+    if share == 1.0:
+        return _predict(replace(workload, recompute_layers=None), layout, cluster, **options)
+    kept = replace(workload, recompute="none", checkpointing=False, recompute_layers=None)
+    full = replace(workload, recompute_layers=None)
+    return _blend(_predict(kept, layout, cluster, **options), _predict(full, layout, cluster, **options), share,
+                  cluster)
+
+
+def recomputed_share(w: Workload, layout: Layout) -> float:
+    """The share of the heaviest stage's layers that full recomputation redoes: all of them, or under
+    ``recompute_layers`` (Megatron-Core's ``recompute_method="block"``) that many of each of its ``vp`` chunks."""
+    if w.recompute_layers is None:
+        return 1.0
+    layers = max(stage_layers(w, layout.pp))
+    return min(w.recompute_layers * layout.vp, layers) / layers
+
+
+def _blend(kept: Prediction, full: Prediction, share: float, cluster: Cluster) -> Prediction:
+    """A stage of which ``share`` of the layers recompute and the rest keep their activations: each cost per layer
+    (the forward redone, TP's, CP's and EP's collectives again, what a layer keeps) weighted between the
+    prediction without recomputation and the one with all of it; the overlaps are each side's."""
+    mix = lambda a, b: (1 - share) * a + share * b  # noqa: E731
+    step = mix(kept.step_s, full.step_s)
+    memory = replace(full.memory, activations=round(mix(kept.memory.activations, full.memory.activations)),
+                     notes=full.memory.notes + (f"full recomputation of {share:.0%} of the stage's layers",))
+    return replace(full, memory=memory, step_s=step, fits=memory.total <= cluster.gpu.memory,
+                   parts={k: mix(kept.parts[k], full.parts[k]) for k in full.parts},
+                   bytes_by_axis={k: mix(kept.bytes_by_axis[k], full.bytes_by_axis[k]) for k in full.bytes_by_axis},
+                   mfu=full.mfu * full.step_s / step, hfu=mix(kept.hfu * kept.step_s, full.hfu * full.step_s) / step)
 
 
 def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",

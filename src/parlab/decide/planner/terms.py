@@ -9,13 +9,23 @@ from parlab.decide.planner.layout import Layout
 from parlab.decide.planner.workload import FP8_RECIPES, Workload
 
 
+def fp8_cast_bytes(w: Workload) -> float:
+    """Bytes one token's casts to FP8 read and write per layer, forward and backward (0 unless
+    ``precision="fp8"``): each linear layer's input forward, its output's gradient backward and its input
+    again for the weights' gradient, about 9·h + 4·f values for a layer of width h and MLP width f (the MLPs
+    a token runs through), each at :data:`FP8_RECIPES`' bytes."""
+    if w.precision != "fp8":
+        return 0.0
+    return (9 * w.hidden + 4 * w.dense.intermediate_size) * FP8_RECIPES[w.fp8_recipe]
+
+
 def fp8_scaling(w: Workload, layers: int, tokens: float, layout: Layout, cluster: Cluster) -> float:
     """Seconds one micro-batch's casts to FP8 take on a rank (0 unless ``precision="fp8"``): the activations'
-    (:meth:`Workload.fp8_cast_bytes` per token and layer, over tp) and the weights', once forward and once
+    (:func:`fp8_cast_bytes` per token and layer, over tp) and the weights', once forward and once
     transposed for backward, unless ZeRO-3 gathers them already in FP8 (``fp8_gather``)."""
     if w.precision != "fp8":
         return 0.0
-    activations = layers * tokens * w.fp8_cast_bytes() / layout.tp
+    activations = layers * tokens * fp8_cast_bytes(w) / layout.tp
     weights = 0.0 if w.fp8_gather else 2 * layers * w.rank_layer_params(layout) * FP8_RECIPES[w.fp8_recipe]
     return (activations + weights) / cluster.gpu.memory_bandwidth
 

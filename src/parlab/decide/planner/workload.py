@@ -20,7 +20,7 @@ OP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 #: ``"fp8"``: bf16 mixed precision whose linear layers' matrix products run in FP8 (:attr:`Workload.fp8_recipe`).
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 #: How FP8 scales its tensors, and the bytes a rank moves per value it casts beyond what the kernel that produced
-#: the value moves anyway (:meth:`Workload.fp8_cast_bytes`): the cast is fused into that kernel (Transformer
+#: the value moves anyway (:func:`~parlab.decide.planner.terms.fp8_cast_bytes`): the cast is fused into that kernel (Transformer
 #: Engine's norm and activation kernels emit FP8; torch.compile fuses torchao's casts), so it writes the FP8 copy,
 #: one byte; ``"tensorwise"`` (current scaling: torchao's ``tensorwise``, Transformer Engine's
 #: ``Float8CurrentScaling``) also reads the bf16 tensor once more for its amax before the cast can start, 2 + 1;
@@ -46,7 +46,9 @@ class Workload:
     FLOPs per token run again in backward), ``"op"`` (torchtitan's op-level selective checkpointing of a
     Llama layer: its input, every other matrix product's output (q, v, gate, down) and attention's output
     kept; k, o and up recomputed with every elementwise op: :meth:`op_layer_bytes`) or ``"full"`` (every
-    layer's forward redone in backward, only its input kept); ``checkpointing=True`` is ``recompute="full"``. ``sequence_parallel``: the activations
+    layer's forward redone in backward, only its input kept); ``checkpointing=True`` is ``recompute="full"``.
+    ``recompute_layers``: with ``"full"``, only that many layers of each model chunk are recomputed, the others kept
+    whole (Megatron-Core's ``recompute_method="block"`` with ``recompute_num_layers``). ``sequence_parallel``: the activations
     outside TP's matrix products split over the tp ranks too (Korthikanti et al. 2022, §4.2.2; chapter 05).
 
     ``precision="fp8"``: the linear layers' matrix products in FP8, scaled by ``fp8_recipe``
@@ -77,6 +79,7 @@ class Workload:
     checkpointing: bool = False
     attention: str = "sdpa"
     recompute: str | None = None
+    recompute_layers: int | None = None
     sequence_parallel: bool = False
     fp8_recipe: str = "tensorwise"
     fp8_gather: bool = False
@@ -124,6 +127,10 @@ class Workload:
         recompute = "full" if self.checkpointing else (self.recompute or "none")
         object.__setattr__(self, "recompute", recompute)
         object.__setattr__(self, "checkpointing", recompute == "full")
+        if self.recompute_layers is not None and not (recompute == "full" and type(self.recompute_layers) is int
+                                                      and 0 < self.recompute_layers <= self.layers):
+            raise ValueError(f"recompute_layers={self.recompute_layers!r}: 1 to {self.layers} layers of each model chunk, "
+                             f"with recompute='full' (got {recompute!r}), as Megatron-Core's recompute_num_layers")
 
     @property
     def layers(self) -> int:
@@ -285,15 +292,6 @@ class Workload:
             return self.fused_layer_bytes(tp)
         return self.layer_bytes(tp)
 
-    def fp8_cast_bytes(self) -> float:
-        """Bytes one token's casts to FP8 read and write per layer, forward and backward (0 unless
-        ``precision="fp8"``): each linear layer's input forward, its output's gradient backward and its input
-        again for the weights' gradient, about 9·h + 4·f values for a layer of width h and MLP width f (the MLPs
-        a token runs through), each at :data:`FP8_RECIPES`' bytes."""
-        if self.precision != "fp8":
-            return 0.0
-        return (9 * self.hidden + 4 * self.dense.intermediate_size) * FP8_RECIPES[self.fp8_recipe]
-
     @property
     def output_flops(self) -> float:
         """Forward FLOPs of the output layer per token, 2·h·V (ibid.; the embedding is a lookup, no FLOPs)."""
@@ -373,10 +371,12 @@ class Workload:
         and 1.6 % FLOPs overhead" for GPT-3 and MT-NLG (§5) is its eq. 8 ÷ eq. 7 − 1, and eq. 8 adds
         72·B·L·s·h²·s/6h = 12·B·s²·h per layer: three times the 4·B·s²·h its text adds. What it costs in
         time is Table 4's: 7 % of a 22B layer's forward and backward, 4 % with SP (the softmax and dropout
-        it reruns are memory-bound, not FLOPs)."""
+        it reruns are memory-bound, not FLOPs). Under ``recompute_layers``, that share of the model's layers, as
+        with one chunk (:func:`~parlab.decide.planner.step.recomputed_share` weighs a layout's stages)."""
         if self.recompute == "op":
             return self.op_recompute_flops
-        return {"full": self.layer_flops, "selective": self.attention_flops, "none": 0.0}[self.recompute]
+        share = 1.0 if self.recompute_layers is None else self.recompute_layers / self.layers  # one chunk: predict's
+        return {"full": self.layer_flops * share, "selective": self.attention_flops, "none": 0.0}[self.recompute]
 
     @property
     def op_recompute_flops(self) -> float:

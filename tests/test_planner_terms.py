@@ -391,6 +391,13 @@ def test_recompute_layers_prices_each_chunks_first_layers_between_none_and_all()
     chunks = planner.Layout(pp=2, vp=2)
     assert planner.predict(replace(w, recompute_layers=2), chunks, cluster).step_s == planner.predict(w, chunks, cluster).step_s
     assert planner.predict(replace(w, recompute_layers=1), chunks, cluster).step_s < planner.predict(w, chunks, cluster).step_s
+    partial = replace(w, recompute_layers=3)  # the search prices it as predict does; HFU counts 3 of each stage's 4
+    searched = {p.layout: p for p in planner.candidates(partial, cluster, zero_stages=(0,))}
+    assert searched[layout].step_s == some.step_s and searched[layout].memory == some.memory
+    assert some.hfu == pytest.approx(some.mfu * partial.hardware_flops(2) / partial.model_flops(), rel=1e-12)
+    assert partial.hardware_flops(2) - partial.model_flops() == pytest.approx(
+        0.75 * (w.hardware_flops() - w.model_flops()) + 0.25 * (replace(w, recompute="none", checkpointing=False)
+                                                               .hardware_flops() - w.model_flops()), rel=1e-12)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -399,7 +406,7 @@ def test_recompute_layers_prices_each_chunks_first_layers_between_none_and_all()
     (dict(recompute="full", recompute_layers=0), "recompute_layers=0: 1 to 8"),
     (dict(checkpointing=True, recompute_layers=9), "recompute_layers=9: 1 to 8"),
 ])
-def test_recompute_layers_refuses_what_megatron_refuses(changes, message):
+def test_recompute_layers_refuses_a_count_it_cannot_price(changes, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         planner.Workload(_llama(num_hidden_layers=8), global_batch=8, seq_len=SEQ, **changes)
 

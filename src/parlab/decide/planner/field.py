@@ -144,9 +144,10 @@ def role(run: FieldRun) -> str:
 
 
 def baseline_shares() -> dict:
-    """The trivial model's constant per generation, fitted on the same rows as the planner's: the Blackwells' on
-    :data:`FITTED`'s and :data:`EXPERT_FITTED`'s, the H100's on chapter 07's MPT rows (``baseline_utilization``)
-    and :data:`EXPERT_FITTED`'s. One constant each, where the planner has two."""
+    """The trivial model's constant per generation, fitted on every row any of the planner's constants was
+    (:func:`fitted_names`): the Blackwells' on :data:`FITTED`'s and :data:`EXPERT_FITTED`'s, the H100's on chapter
+    07's MPT rows (``baseline_utilization``), :data:`EXPERT_FITTED`'s and :data:`TP_OVERLAP_FITTED`'s. One
+    constant each, where the planner has two or three."""
     from parlab.decide.planner.published import H100_CALIBRATION_RUNS
 
     by_name = {run.name: run for run in field_runs()}

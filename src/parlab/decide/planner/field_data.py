@@ -60,7 +60,7 @@ MB_RECOMPUTE = (
     "recompute: none unless the row's notes name a recipe preset's: Megatron-Core's TransformerConfig defaults to "
     "recompute_granularity None ('no recompute is performed and all activations are saved', transformer_config.py "
     "at the Megatron-LM commit 97ad8cc6f pins, 92c8482e6), and neither the pretrain recipes nor the performance "
-    "presets set one for these rows but Llama 3 8B on H100 (the Qwen3 presets set None explicitly). GPT-OSS's presets list "
+    "presets set one for these rows but Llama 3 8B on H100 and DeepSeek-V3 (the Qwen3 presets set None explicitly). GPT-OSS's presets list "
     "recompute_modules ['layernorm', 'moe_act'] but leave the granularity None, so nothing is recomputed (the "
     "modules apply only under 'selective'). DeepSeek-V3's set 'selective' with ['mla_up_proj'], which leaves "
     "core attention kept and reruns the query and key/value up-projections, about a tenth of a layer's forward "

@@ -222,8 +222,8 @@ def baseline_step(run: PublishedRun, utilization: float) -> float:
     the peak of its precision × ``utilization``); no bubble, no communication, no memory-bound work. For any
     run with ``layout``, ``workload()``, ``cluster()`` and ``precision`` (a :class:`PublishedRun`, a
     :class:`~parlab.decide.planner.field.FieldRun`)."""
-    return run.workload().hardware_flops() / (run.layout.world_size * run.cluster().gpu.peak(run.precision)
-                                              * utilization)
+    flops = run.workload().hardware_flops(run.layout.pp * run.layout.vp)  # recompute_layers: per model chunk
+    return flops / (run.layout.world_size * run.cluster().gpu.peak(run.precision) * utilization)
 
 
 def baseline_utilization(runs=CALIBRATION_RUNS) -> float:

@@ -11,6 +11,7 @@ from parlab.decide.planner.data_parallel import STRATEGIES, bucket_count, predic
 from parlab.decide.planner.hardware import OPTIMIZER_BYTES_PER_PARAM, Cluster, collective_seconds, ring_costs
 from parlab.decide.planner.layout import Layout
 from parlab.decide.planner import terms as _terms
+from parlab.decide.planner.recompute import blend, recomputed_share
 from parlab.decide.planner.layout import stage_layers, stage_params
 from parlab.decide.planner.workload import Workload
 
@@ -59,9 +60,11 @@ DEEPSPEED_PREFETCH_PARAMS = 5e7
 DEEPSPEED_MAX_REUSE_DISTANCE = 1e9
 DEEPSPEED_MAX_LIVE_PARAMS = 1e9
 #: The share of the TP collectives that the layers' products cover which ``tp_overlap=True`` hides, per
-#: implementation: Transformer Engine's comm+GEMM overlap under ``"megatron"``, all of it; PyTorch's async TP
-#: (torchtitan's, micro-pipelined on symmetric memory) under ``"course"``, 0.2, fitted on the one pair of
-#: published runs that differ in async TP alone (:data:`~parlab.decide.planner.field.TP_OVERLAP_FITTED`).
+#: implementation: Transformer Engine's comm+GEMM overlap under ``"megatron"``, all of it (and under
+#: ``"deepspeed"`` and ``"fsdp1"``, whose TP is Megatron-LM's, assumed the same); PyTorch's async TP (torchtitan's,
+#: micro-pipelined on symmetric memory) under ``"course"``, an effective 0.2, fitted on the one pair of published
+#: runs that differ in async TP alone (:data:`~parlab.decide.planner.field.TP_OVERLAP_FITTED`): it carries what
+#: the planner prices TP at and what splitting the products costs, not only what the overlap hides.
 TP_OVERLAP_HIDDEN = {"megatron": 1.0, "deepspeed": 1.0, "fsdp1": 1.0, "course": 0.2}
 
 
@@ -114,53 +117,37 @@ def predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
     micro-batch's computation (DeepSeek-V3's DualPipe, Megatron-Core's ``--overlap-moe-expert-parallel-comm``),
     so only what exceeds it counts; off: exposed. ``without``: cost terms left out (:data:`TERMS`), to see
     what each adds. A workload that recomputes only some layers (``recompute_layers``) is priced between the
-    predictions without recomputation and with all of it, weighted by :func:`recomputed_share`."""
-    options = dict(implementation=implementation, reshard=reshard, tp_overlap=tp_overlap, ep_overlap=ep_overlap,
-                   without=without, grad_dtype=grad_dtype)
+    predictions without recomputation and with all of it, weighted by :func:`~parlab.decide.planner.recompute.recomputed_share`."""
+    return _predict(workload, layout, cluster, implementation=implementation, reshard=reshard,
+                    tp_overlap=tp_overlap, ep_overlap=ep_overlap, without=without, grad_dtype=grad_dtype)
+
+
+def _predict(workload: Workload, layout: Layout, cluster: Cluster, **options) -> Prediction:
+    """:func:`predict` itself, and :func:`~parlab.decide.planner.search.candidates`' for each layout: a workload
+    that recomputes some layers priced between no recomputation and all of it
+    (:func:`~parlab.decide.planner.recompute.blend`), else
+    :func:`_priced`."""
     share = recomputed_share(workload, layout)
+    whole = workload if workload.recompute_layers is None else replace(workload, recompute_layers=None)
     if share == 1.0:
-        return _predict(replace(workload, recompute_layers=None), layout, cluster, **options)
+        return _priced(whole, layout, cluster, **options)
     kept = replace(workload, recompute="none", checkpointing=False, recompute_layers=None)
-    full = replace(workload, recompute_layers=None)
-    return _blend(_predict(kept, layout, cluster, **options), _predict(full, layout, cluster, **options), share,
-                  cluster)
+    return blend(_priced(kept, layout, cluster, **options), _priced(whole, layout, cluster, **options), share,
+                 cluster.gpu.memory)
 
 
-def recomputed_share(w: Workload, layout: Layout) -> float:
-    """The share of the heaviest stage's layers that full recomputation redoes: all of them, or under
-    ``recompute_layers`` (Megatron-Core's ``recompute_method="block"``) that many of each of its ``vp`` chunks."""
-    if w.recompute_layers is None:
-        return 1.0
-    layers = max(stage_layers(w, layout.pp))
-    return min(w.recompute_layers * layout.vp, layers) / layers
-
-
-def _blend(kept: Prediction, full: Prediction, share: float, cluster: Cluster) -> Prediction:
-    """A stage of which ``share`` of the layers recompute and the rest keep their activations: each cost per layer
-    (the forward redone, TP's, CP's and EP's collectives again, what a layer keeps) weighted between the
-    prediction without recomputation and the one with all of it; the overlaps are each side's."""
-    mix = lambda a, b: (1 - share) * a + share * b  # noqa: E731
-    step = mix(kept.step_s, full.step_s)
-    memory = replace(full.memory, activations=round(mix(kept.memory.activations, full.memory.activations)),
-                     notes=full.memory.notes + (f"full recomputation of {share:.0%} of the stage's layers",))
-    return replace(full, memory=memory, step_s=step, fits=memory.total <= cluster.gpu.memory,
-                   parts={k: mix(kept.parts[k], full.parts[k]) for k in full.parts},
-                   bytes_by_axis={k: mix(kept.bytes_by_axis[k], full.bytes_by_axis[k]) for k in full.bytes_by_axis},
-                   mfu=full.mfu * full.step_s / step, hfu=mix(kept.hfu * kept.step_s, full.hfu * full.step_s) / step)
-
-
-def _predict(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
-             reshard: str | None = None, tp_overlap: bool | float = False, ep_overlap: bool = False, without=(),
-             grad_dtype: str | None = None) -> Prediction:
-    """:func:`predict` itself: the checks, then the step part by part, the bytes and the memory."""
+def _priced(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
+            reshard: str | None = None, tp_overlap: bool | float = False, ep_overlap: bool = False, without=(),
+            grad_dtype: str | None = None) -> Prediction:
+    """One prediction: the checks, then the step part by part, the bytes and the memory."""
     w, off = workload, set(without)
     m, stages, reshard, cluster = _checked(w, layout, cluster, reshard, off, implementation)
+    if not isinstance(tp_overlap, bool) and not 0 <= tp_overlap <= 1:
+        raise ValueError(f"tp_overlap={tp_overlap!r}: True, False, or the share of the covered TP time hidden, 0 to 1")
     if tp_overlap and layout.tp > 1 and not w.sequence_parallel:
         raise ValueError(f"tp_overlap=True with tp={layout.tp} needs sequence parallelism (Megatron-LM's arguments.py: "
                          f"TP communication/GEMM overlap 'can happen only when sequence parallelism is enabled'; "
                          f"torchtitan's async TP is built on it): use a Workload with sequence_parallel=True")
-    if not isinstance(tp_overlap, bool) and not 0 <= tp_overlap <= 1:
-        raise ValueError(f"tp_overlap={tp_overlap!r}: True, False, or the share of the covered TP time hidden, 0 to 1")
     hidden = TP_OVERLAP_HIDDEN[implementation] if tp_overlap is True else float(tp_overlap)
     pp, v = layout.pp, layout.vp
     # the slowest stage sets the pipeline's pace; the heaviest holds the most memory

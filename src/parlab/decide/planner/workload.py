@@ -347,11 +347,13 @@ class Workload:
         every token of the global batch; no recomputation (what MFU counts)."""
         return 3 * self.global_batch * self.seq_len * (self.layers * self.layer_flops + self.output_flops)
 
-    def hardware_flops(self) -> float:
+    def hardware_flops(self, chunks: int = 1) -> float:
         """FLOPs the GPUs execute in one step: the model's, plus the layers' forward again when activations are
-        recomputed (what HFU counts; Narayanan et al. 2021's eq. 3, 96·B·s·l·h²·(1 + s/6h + V/16lh))."""
-        return self.model_flops() + self.global_batch * self.seq_len * self.layers * (self.recompute_flops
-                                                                                        + self.fused_backward_flops)
+        recomputed (what HFU counts; Narayanan et al. 2021's eq. 3, 96·B·s·l·h²·(1 + s/6h + V/16lh)); under
+        ``recompute_layers``, that many layers of each of a layout's ``chunks`` model chunks (pp × vp)."""
+        redo = self.layers if self.recompute_layers is None else min(self.layers, self.recompute_layers * chunks)
+        return self.model_flops() + self.global_batch * self.seq_len * (redo * self.recompute_flops
+                                                                        + self.layers * self.fused_backward_flops)
 
     @property
     def fused_backward_flops(self) -> float:
@@ -371,12 +373,10 @@ class Workload:
         and 1.6 % FLOPs overhead" for GPT-3 and MT-NLG (§5) is its eq. 8 ÷ eq. 7 − 1, and eq. 8 adds
         72·B·L·s·h²·s/6h = 12·B·s²·h per layer: three times the 4·B·s²·h its text adds. What it costs in
         time is Table 4's: 7 % of a 22B layer's forward and backward, 4 % with SP (the softmax and dropout
-        it reruns are memory-bound, not FLOPs). Under ``recompute_layers``, that share of the model's layers, as
-        with one chunk (:func:`~parlab.decide.planner.step.recomputed_share` weighs a layout's stages)."""
+        it reruns are memory-bound, not FLOPs). Per layer that recomputes (:meth:`hardware_flops` counts them)."""
         if self.recompute == "op":
             return self.op_recompute_flops
-        share = 1.0 if self.recompute_layers is None else self.recompute_layers / self.layers  # one chunk: predict's
-        return {"full": self.layer_flops * share, "selective": self.attention_flops, "none": 0.0}[self.recompute]
+        return {"full": self.layer_flops, "selective": self.attention_flops, "none": 0.0}[self.recompute]
 
     @property
     def op_recompute_flops(self) -> float:

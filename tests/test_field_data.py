@@ -36,6 +36,7 @@ def test_row_is_complete_and_multiplies_out(row):
     assert row["recompute_layers"] is None or (row["recompute"] == "full" and type(row["recompute_layers"]) is int)
     assert type(row["offload_layers"]) is int and 0 <= row["offload_layers"] < row["model"]["num_hidden_layers"]
     assert not row["ep_overlap"] or row["ep"] > 1, f"{row['name']}: ep_overlap without EP"
+    assert not row["tp_overlap"] or row["tp"] > 1, f"{row['name']}: tp_overlap without TP"
     per_dp, rest = divmod(row["global_batch"], row["dp"])
     assert rest == 0, f"{row['name']}: global batch {row['global_batch']} over dp {row['dp']}"
     if row["micro_batch"] is not None:  # None: the source does not give it

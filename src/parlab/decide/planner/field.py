@@ -89,7 +89,7 @@ class FieldRun:
                         fused=r["fused"], offload_layers=r["offload_layers"])
 
     def options(self) -> dict:
-        return {**FRAMEWORKS[self.row["framework"]], "tp_overlap": self.row["tp_overlap"] and self.row["tp"] > 1,
+        return {**FRAMEWORKS[self.row["framework"]], "tp_overlap": self.row["tp_overlap"],
                 "ep_overlap": self.row["ep_overlap"]}
 
     def predict(self, cluster: Cluster | None = None, **options) -> Prediction:

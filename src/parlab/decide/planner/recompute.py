@@ -10,13 +10,18 @@ from parlab.decide.planner.layout import Layout, stage_layers
 from parlab.decide.planner.workload import Workload
 
 
+def recomputed_layers(w: Workload, layers: int, chunks: int = 1) -> int:
+    """Of ``layers`` layers in ``chunks`` model chunks, those full recomputation redoes: all, or
+    ``recompute_layers`` of each chunk (:meth:`Workload.hardware_flops` counts the model's, :func:`recomputed_share`
+    a stage's)."""
+    return layers if w.recompute_layers is None else min(layers, w.recompute_layers * chunks)
+
+
 def recomputed_share(w: Workload, layout: Layout) -> float:
     """The share of the heaviest stage's layers that full recomputation redoes: all of them, or under
     ``recompute_layers`` (Megatron-Core's ``recompute_method="block"``) that many of each of its ``vp`` chunks."""
-    if w.recompute_layers is None:
-        return 1.0
     layers = max(stage_layers(w, layout.pp))
-    return min(w.recompute_layers * layout.vp, layers) / layers
+    return recomputed_layers(w, layers, layout.vp) / layers
 
 
 def blend(kept, full, share: float, capacity: float):

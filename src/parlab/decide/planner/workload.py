@@ -351,7 +351,9 @@ class Workload:
         """FLOPs the GPUs execute in one step: the model's, plus the layers' forward again when activations are
         recomputed (what HFU counts; Narayanan et al. 2021's eq. 3, 96·B·s·l·h²·(1 + s/6h + V/16lh)); under
         ``recompute_layers``, that many layers of each of a layout's ``chunks`` model chunks (pp × vp)."""
-        redo = self.layers if self.recompute_layers is None else min(self.layers, self.recompute_layers * chunks)
+        from parlab.decide.planner.recompute import recomputed_layers
+
+        redo = recomputed_layers(self, self.layers, chunks)
         return self.model_flops() + self.global_batch * self.seq_len * (redo * self.recompute_flops
                                                                         + self.layers * self.fused_backward_flops)
 

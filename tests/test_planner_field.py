@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import statistics
 
+import numpy
 import pytest
 
 from parlab.decide import planner
@@ -58,9 +59,12 @@ def test_async_tp_share_is_the_fit_of_its_named_pair():
     assert len(pp8) == 2 and all(abs(e["planner"]) < 0.2 for e in pp8)
     assert all(e["run"].predict(tp_overlap=1.0).step_s / e["run"].step_s - 1 < -0.29 for e in pp8)
     run = pp8[0]["run"]
-    for bad in (-0.1, 1.5):
-        with pytest.raises(ValueError, match=rf"tp_overlap={bad}: True, False, or the share"):
+    for bad in (-0.1, 1.5, "yes", None):
+        with pytest.raises(ValueError, match=rf"tp_overlap={bad!r}: True, False, or the share"):
             run.predict(tp_overlap=bad)
+    # numpy's bool_ is a flag (the implementation's share), not the share 1.0
+    assert run.predict(tp_overlap=numpy.bool_(True)).step_s == run.predict(tp_overlap=True).step_s
+    assert run.predict(tp_overlap=numpy.float64(0.2)).step_s == run.predict(tp_overlap=True).step_s
 
 
 def test_held_out_rows_against_the_trivial_model_on_each_generation():

@@ -3,6 +3,8 @@ parallelism's collectives (:mod:`parlab.decide.planner.data_parallel`), priced p
 
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass, replace
 
 from parlab.lab.measure.memory import MemoryEstimate
@@ -136,14 +138,22 @@ def _predict(workload: Workload, layout: Layout, cluster: Cluster, **options) ->
                  cluster.gpu.memory)
 
 
+def _overlap_share(tp_overlap):
+    """``tp_overlap`` as a flag (``True``/``False``, numpy's ``bool_`` too) or a share from 0 to 1; else refused."""
+    if str(getattr(tp_overlap, "dtype", "")) == "bool":  # numpy's bool_ is a flag, not the share 1.0
+        return bool(tp_overlap)
+    if isinstance(tp_overlap, bool) or (isinstance(tp_overlap, numbers.Real) and 0 <= tp_overlap <= 1):
+        return tp_overlap
+    raise ValueError(f"tp_overlap={tp_overlap!r}: True, False, or the share of the covered TP time hidden, 0 to 1")
+
+
 def _priced(workload: Workload, layout: Layout, cluster: Cluster, *, implementation: str = "megatron",
             reshard: str | None = None, tp_overlap: bool | float = False, ep_overlap: bool = False, without=(),
             grad_dtype: str | None = None) -> Prediction:
     """One prediction: the checks, then the step part by part, the bytes and the memory."""
     w, off = workload, set(without)
     m, stages, reshard, cluster = _checked(w, layout, cluster, reshard, off, implementation)
-    if not isinstance(tp_overlap, bool) and not 0 <= tp_overlap <= 1:
-        raise ValueError(f"tp_overlap={tp_overlap!r}: True, False, or the share of the covered TP time hidden, 0 to 1")
+    tp_overlap = _overlap_share(tp_overlap)
     if tp_overlap and layout.tp > 1 and not w.sequence_parallel:
         raise ValueError(f"tp_overlap=True with tp={layout.tp} needs sequence parallelism (Megatron-LM's arguments.py: "
                          f"TP communication/GEMM overlap 'can happen only when sequence parallelism is enabled'; "

@@ -13,7 +13,8 @@ from parlab.decide.planner.workload import Workload
 def recomputed_layers(w: Workload, layers: int, chunks: int = 1) -> int:
     """Of ``layers`` layers in ``chunks`` model chunks, those full recomputation redoes: all, or
     ``recompute_layers`` of each chunk (:meth:`Workload.hardware_flops` counts the model's, :func:`recomputed_share`
-    a stage's)."""
+    a stage's). More than a chunk holds recomputes the whole chunk, as Megatron-Core's block loop does: its
+    ``TransformerConfig`` names the range 1 to the layers per pipeline rank but refuses only ``None``."""
     return layers if w.recompute_layers is None else min(layers, w.recompute_layers * chunks)
 
 

@@ -1,8 +1,9 @@
 """Chapter 08's ``train.py`` and ``job.json`` as the chapter writes them (its ``%%writefile`` cells), copied into
-an empty folder with nothing of the course beside them, for three architectures built from configs and saved
-with ``save_pretrained`` (GPT-2, Llama, Qwen2): trained under ``torchrun``, preempted after two steps,
-resumed from the latest checkpoint at the same or another world size (2 -> 2, 3 -> 2, 2 -> 3), exported with
-``save_pretrained`` and loaded back with ``from_pretrained``; every loss and weight equal to one process.
+an empty folder with nothing of the course beside them, for two architectures built from configs and saved
+with ``save_pretrained`` (Llama, Qwen2): trained under ``torchrun``, preempted after two steps, resumed from the
+latest checkpoint at another world size (3 -> 2, 2 -> 3), exported with ``save_pretrained`` and loaded back with
+``from_pretrained``; every loss and weight equal to one process. GPT-2's run is the chapter's own (4 -> 2, in
+its default run); a resume at the same size was dropped for the suite's time (docs/ci.md).
 Planted bugs: a mean per micro-batch, a resume without the generator. One module-scoped run per architecture
 serves every assertion."""
 
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftover_ranks")]
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "08_your_own_job.ipynb"
 VOCAB, SEQ = 96, 16
 #: (ranks of the run preempted after two steps, ranks of the run that resumes it)
-RUNS = {"gpt2": (2, 2), "llama": (3, 2), "qwen2": (2, 3)}
+RUNS = {"llama": (3, 2), "qwen2": (2, 3)}
 BACKWARD = "(summed * world / tokens).backward()"
 RESTORE_RNG = 'self.sampler.set_state(state["rng"])'
 
@@ -142,13 +143,13 @@ def test_a_job_file_without_a_key_stops_at_once_naming_it(tmp_path):
 def test_a_mean_per_micro_batch_is_caught(runs, tmp_path):
     """The planted bug: each micro-batch's mean loss / accumulation, as before ``num_items_in_batch``."""
     mean = "(summed / (y[:, 1:] != -100).sum() / len(mine)).backward()"
-    folder = _folder(tmp_path, "gpt2", {BACKWARD: mean})
+    folder = _folder(tmp_path, "llama", {BACKWARD: mean})
     from transformers import AutoModelForCausalLM
 
     rows = torch.load(folder / "rows.pt")
     assert (rows["labels"] != -100).sum(1).unique().numel() > 1  # rows hold unequal numbers of labelled tokens
     wrong, _ = _run(folder, 2, "mean", steps=2, out="out-mean")
-    expected = script_job(dict(runs["gpt2"]["job"], steps=2), folder=str(folder))
+    expected = script_job(dict(runs["llama"]["job"], steps=2), folder=str(folder))
     assert_close(wrong["losses"][0], expected["losses"][0])  # the same first forward: only the gradients differ
     weights = dict(AutoModelForCausalLM.from_pretrained(folder / "out-mean").named_parameters())
     gap = max((weights[n] - p).abs().max().item() for n, p in expected["params"].items())

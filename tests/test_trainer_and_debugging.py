@@ -177,10 +177,12 @@ def test_trainer_py_resumes_equal_to_the_run_that_never_stopped_for_six_architec
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("no_leftover_ranks")
-def test_the_chapters_scripts_copied_alone_train_resume_and_export_for_two_architectures(tmp_path):
+def test_the_chapters_scripts_copied_alone_train_resume_and_export(tmp_path):
     """trainer.py and accel.py as the chapter writes them, alone in an empty folder, with the chapter's job files,
-    launched from another folder: 2 ranks each, GPT-NeoX stopped halfway and resumed, Qwen2 straight through;
-    every run equals one process, and every export loads with from_pretrained."""
+    launched from another folder: 2 ranks each, GPT-NeoX (whose output layer the Trainer's resume misnames)
+    stopped halfway and resumed; every run equals one process, and every export loads with from_pretrained.
+    Other architectures: trainer.py's resume for six, one rank each, above; on CPU ranks both scripts wrap the
+    model in DDP whatever its architecture (a second one at 2 ranks was dropped for the suite's time, docs/ci.md)."""
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     for name in ("trainer.py", "accel.py"):
@@ -200,7 +202,7 @@ def test_the_chapters_scripts_copied_alone_train_resume_and_export_for_two_archi
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
-    for arch, stop in (("gpt_neox", 2), ("qwen2", None)):
+    for arch, stop in (("gpt_neox", 2),):
         f = _folder(tmp_path / arch, arch)
         for script, page in (("trainer.py", "trainer.json"), ("accel.py", "accel.json")):
             out = script[:-3]

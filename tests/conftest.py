@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import pathlib
+import sys
 import time
 
 import pytest
@@ -125,6 +126,16 @@ def environment_restored():
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def figures_closed():
+    """Every test closes the pyplot figures it opened: they are kept until closed, so a worker's later test
+    warned that more than 20 were open (which one depended on the order the tests were handed out)."""
+    yield
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close("all")
 
 
 @pytest.fixture

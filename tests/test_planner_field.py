@@ -22,8 +22,7 @@ def _errors():
 def test_the_blackwell_constant_is_the_fit_of_its_named_rows():
     """The Blackwells' share, of bf16 and FP8 peak alike, fitted on the four rows FITTED names.
     The H100's FP8 share is its bf16 one, fitted on no row here."""
-    by_name = {run.name: run for run in field.field_runs()}
-    runs = [by_name[n] for n in field.FITTED["blackwell"]]
+    runs = field.runs_named(field.FITTED["blackwell"])
     assert {run.generation for run in runs} == {"blackwell"} and list(field.FITTED) == ["blackwell"]
     assert field.fitted_share(runs) == pytest.approx(planner.BLACKWELL_UTILIZATION, abs=0.005)
     assert planner.UTILIZATIONS["h100", "fp8"] == planner.UTILIZATIONS["h100", "bf16"] == planner.H100_UTILIZATION
@@ -34,14 +33,15 @@ def test_the_blackwell_constant_is_the_fit_of_its_named_rows():
 def test_each_expert_constant_is_the_fit_of_its_named_rows():
     """A local expert's fixed cost, one per generation, fitted on its MoE rows on the fewest GPUs (EXPERT_FITTED);
     no dense row moves with it."""
-    by_name = {run.name: run for run in field.field_runs()}
     for generation, names in field.EXPERT_FITTED.items():
-        runs = [by_name[n] for n in names]
+        runs = field.runs_named(names)
         assert {run.generation for run in runs} == {generation} and all(run.workload().experts for run in runs)
         fewest = min(e["run"].row["gpus"] for e in _errors() if e["moe"] and e["run"].generation == generation)
         assert {run.row["gpus"] for run in runs} == {fewest}
         assert field.fitted_expert_seconds(runs) == pytest.approx(planner.EXPERT_SECONDS[generation], rel=0.02)
-    dense = by_name["Llama 3 8B, 8 B200, MXFP8"]
+    dense, = field.runs_named(["Llama 3 8B, 8 B200, MXFP8"])
+    with pytest.raises(KeyError, match=r"no priced field run is named \['Llama 3 8B, 8 A100'\]"):
+        field.runs_named(["Llama 3 8B, 8 A100"])
     assert dense.predict(cluster=dense.cluster(expert_seconds=1.0)).step_s == dense.predict().step_s
 
 
@@ -52,8 +52,7 @@ def test_async_tp_share_is_the_fit_of_its_named_pair():
     ±20 %."""
     assert field.fitted_tp_overlap() == pytest.approx(planner.TP_OVERLAP_HIDDEN["course"], abs=0.01)
     assert planner.TP_OVERLAP_HIDDEN["megatron"] == 1.0
-    by_name = {run.name: run for run in field.field_runs()}
-    plain, overlapped = (by_name[n] for n in field.TP_OVERLAP_FITTED["h100"])
+    plain, overlapped = field.runs_named(field.TP_OVERLAP_FITTED["h100"])
     assert {**plain.options(), "tp_overlap": True} == overlapped.options() and not plain.options()["tp_overlap"]
     pp8 = [e for e in _errors() if "405B, 512 H100, FSDP 8 x TP 8 x PP 8" in e["run"].name]
     assert len(pp8) == 2 and all(abs(e["planner"]) < 0.2 for e in pp8)

@@ -132,6 +132,15 @@ def field_runs() -> tuple[FieldRun, ...]:
     return tuple(FieldRun(row) for row in FIELD_RUNS if row["tokens_per_s_per_gpu"] and row["micro_batch"])
 
 
+def runs_named(names) -> tuple[FieldRun, ...]:
+    """The priced rows (:func:`field_runs`) called ``names``, in their order; a name no priced row has is refused."""
+    by_name = {run.name: run for run in field_runs()}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise KeyError(f"no priced field run is named {unknown}: field_runs() lists the {len(by_name)} there are")
+    return tuple(by_name[name] for name in names)
+
+
 def fitted_names(generation: str) -> tuple[str, ...]:
     """The rows that fitted any of ``generation``'s constants: :data:`FITTED`'s, :data:`EXPERT_FITTED`'s and
     :data:`TP_OVERLAP_FITTED`'s."""
@@ -150,8 +159,7 @@ def baseline_shares() -> dict:
     constant each, where the planner has two or three."""
     from parlab.decide.planner.published import H100_CALIBRATION_RUNS
 
-    by_name = {run.name: run for run in field_runs()}
-    rows = {g: [by_name[n] for n in fitted_names(g)] for g in ("h100", "blackwell")}
+    rows = {g: list(runs_named(fitted_names(g))) for g in ("h100", "blackwell")}
     return {"h100": baseline_utilization(list(H100_CALIBRATION_RUNS) + rows["h100"]),
             "blackwell": baseline_utilization(rows["blackwell"])}
 
@@ -195,7 +203,7 @@ def fitted_expert_seconds(runs) -> float:
 def fitted_tp_overlap(pair=TP_OVERLAP_FITTED["h100"]) -> float:
     """The share of the covered TP time async TP hides at which the planner's ratio of ``pair``'s steps (without,
     with async TP) is the published one (:data:`TP_OVERLAP_FITTED`)."""
-    plain, overlapped = (next(run for run in field_runs() if run.name == name) for name in pair)
+    plain, overlapped = runs_named(pair)
     published = plain.step_s / overlapped.step_s
     base = plain.predict().step_s
     return median_root(lambda h: base / overlapped.predict(tp_overlap=h).step_s / published, 0.0, 1.0)

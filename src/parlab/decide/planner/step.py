@@ -142,7 +142,7 @@ def _overlap_share(tp_overlap):
     """``tp_overlap`` as a flag (``True``/``False``, numpy's ``bool_`` too) or a share from 0 to 1; else refused."""
     if str(getattr(tp_overlap, "dtype", "")) == "bool":  # numpy's bool_ is a flag, not the share 1.0
         return bool(tp_overlap)
-    if isinstance(tp_overlap, bool) or (isinstance(tp_overlap, numbers.Real) and 0 <= tp_overlap <= 1):
+    if isinstance(tp_overlap, numbers.Real) and 0 <= tp_overlap <= 1:  # a bool is a Real too
         return tp_overlap
     raise ValueError(f"tp_overlap={tp_overlap!r}: True, False, or the share of the covered TP time hidden, 0 to 1")
 

@@ -562,8 +562,9 @@ def test_a_term_removed_changes_a_chapter_07_verdict(term, scenario):
 
 
 def test_pipeline_messages_set_the_interleaving_depth():
-    """Over Ethernet, each of v chunks sends its boundary: priced, two chunks are best for Llama 2 70B on TP 4
-    × PP 4 × DP 2 (20 layers a stage); with the messages free, the deepest interleaving would always win."""
+    """Over Ethernet, each of v chunks sends its boundary: priced, four chunks are best for Llama 2 70B on TP 4
+    × PP 4 × DP 2 (20 layers a stage; two within 0.3 %, ten 9 % slower); with the messages free, the deepest
+    interleaving would always win."""
     workload, cluster = _scenario("Llama 2 70B", nodes=4, inter="ethernet", seq=4096, per_gpu=1)
     layout = planner.Layout(tp=4, pp=4, dp=2, zero_stage=1)
 
@@ -571,7 +572,7 @@ def test_pipeline_messages_set_the_interleaving_depth():
         steps = {v: planner.predict(workload, replace(layout, vp=v), cluster, **options).step_s for v in (1, 2, 4, 10, 20)}
         return min(steps, key=steps.get)
 
-    assert best() == 2 and best(without=("pp",)) == 20
+    assert best() == 4 and best(without=("pp",)) == 20
     ranked = planner.candidates(workload, cluster, vp=(1, 2, 4))
     assert any(p.chunks > 1 for p in ranked) and all(p.chunks <= min(p.stages) for p in ranked)
 
@@ -714,8 +715,8 @@ def test_mpt_30b_and_70b_chose_fsdp1s_exposed_collectives():
     with FSDP's per-micro-batch gathers and reduce-scatters priced hidden, they came out 4-27 % fast, the
     rows of many small micro-batches worst. Their misses chose implementation "fsdp1", the collectives
     exposed; held out from the constant since. Priced hidden again (FSDP2's ``"course"``), the 70B over 32
-    GPUs leaves the band; exposed, every row but the 30B at 8k tokens (75 of 80 GB, -19 %, unexplained) is
-    within 6 %. (NVLink 4 at its line rate, 450 GB/s, rather than what NCCL reaches, the 8k row was -21 %;
+    GPUs leaves the band; exposed, every row but the 30B at 8k tokens (75 of 80 GB, -20 %, unexplained; -19 %
+    before MPT's eager elementwise ops were counted and the H100's share refitted, 0.66 → 0.68) is within 6 %. (NVLink 4 at its line rate, 450 GB/s, rather than what NCCL reaches, the 8k row was -21 %;
     NVLink was re-priced after this row was seen, so it is not out of sample for that: a miss, unexplained.)"""
     runs = {run.name: run for run in planner.H100_HELD_OUT_RUNS[2:]}
     assert len(runs) == 8 and all(run.nodes_kind == "h100" and run.implementation == "fsdp1" for run in runs.values())
@@ -725,7 +726,7 @@ def test_mpt_30b_and_70b_chose_fsdp1s_exposed_collectives():
     exposed, hidden = _errors(runs.values()), _errors(runs.values(), implementation="course")
     assert all(r.predict().fits for r in runs.values())
     assert all(abs(e) < 0.06 for n, e in exposed.items() if n != "MPT 30B, 8k tokens"), exposed
-    assert -0.20 < exposed["MPT 30B, 8k tokens"] < -0.18  # the one row far off, unexplained
+    assert -0.21 < exposed["MPT 30B, 8k tokens"] < -0.19  # the one row far off, unexplained
     assert hidden["MPT 70B, 32 GPUs"] < -0.20 and all(hidden[n] < exposed[n] - 0.03 for n in exposed), hidden
     # the exposed time is FSDP's collectives, on the step's critical path: the dp part of the step
     p = seventy.predict()

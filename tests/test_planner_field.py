@@ -79,6 +79,23 @@ def test_held_out_rows_against_the_trivial_model_on_each_generation():
     assert miss["blackwell"][2] == 7, miss
 
 
+def test_eager_kernels_price_the_gap_torch_compile_closes():
+    """torchtitan's Llama 3.1 8B on 8 H100 ran eager and under torch.compile, nothing else changed: 5,762 and
+    6,667 tokens/s per GPU, 0.386 s a step apart. The eager row's elementwise ops are counted (each its own
+    kernel), the compiled row's priced fused; nothing was fitted on either. The gap comes out within 10 % of the
+    published one; priced fused, the eager row would match the compiled one."""
+    from dataclasses import replace
+
+    eager, compiled = field.runs_named(["Llama 3.1 8B, 8 H100, FSDP, eager", "Llama 3.1 8B, 8 H100, FSDP, compiled"])
+    published = eager.step_s - compiled.step_s
+    assert published == pytest.approx(0.386, abs=1e-3)
+    gap = eager.predict().step_s - compiled.predict().step_s
+    assert gap == pytest.approx(published, rel=0.1), gap
+    fused = planner.predict(replace(eager.workload(), elementwise="fused"), eager.layout, eager.cluster(),
+                            **eager.options())
+    assert fused.step_s == pytest.approx(compiled.predict().step_s, rel=1e-9)
+
+
 def test_held_out_rows_against_the_trivial_model_by_precision():
     """Split by the precision of the products as well: the planner is closer at the median on three of the four
     (generation, precision) sets; on the Blackwells' four bf16 rows (all MoE, two of them GPT-OSS) it is not
@@ -90,16 +107,16 @@ def test_held_out_rows_against_the_trivial_model_by_precision():
     miss = {k: (len(rows), round(statistics.median(abs(e["planner"]) for e in rows), 3),
                 round(statistics.median(abs(e["trivial"]) for e in rows), 3),
                 sum(abs(e["planner"]) < abs(e["trivial"]) for e in rows)) for k, rows in sets.items()}
-    assert miss == {("h100", "bf16"): (4, 0.12, 0.404, 4), ("h100", "fp8"): (16, 0.098, 0.372, 12),
+    assert miss == {("h100", "bf16"): (4, 0.115, 0.404, 4), ("h100", "fp8"): (16, 0.101, 0.372, 12),
                     ("blackwell", "bf16"): (4, 0.148, 0.125, 2), ("blackwell", "fp8"): (7, 0.069, 0.174, 5)}, miss
     assert all(e["moe"] for e in sets[("blackwell", "bf16")])
 
 
 def test_held_out_dense_rows_within_the_band():
-    """Dense rows that fitted nothing: 19 of 22 inside ±20 % (H100 15 of 18, Blackwell 4 of 4)."""
+    """Dense rows that fitted nothing: 20 of 22 inside ±20 % (H100 16 of 18, Blackwell 4 of 4)."""
     dense = [e for e in _errors() if e["role"] == "held out" and not e["moe"]]
     inside = {g: sum(abs(e["planner"]) <= 0.2 for e in dense if e["run"].generation == g) for g in ("h100", "blackwell")}
-    assert len(dense) == 22 and inside == {"h100": 15, "blackwell": 4}, inside
+    assert len(dense) == 22 and inside == {"h100": 16, "blackwell": 4}, inside
 
 
 def test_held_out_mixtures_of_experts_within_the_band():

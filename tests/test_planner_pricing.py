@@ -124,7 +124,7 @@ def _errors():
 def test_rows_that_chose_nothing_tell_the_planner_from_the_trivial_model():
     """docs/planner.md's statement: on the 20 rows added after every choice (out of sample for time), the
     planner's median |error| is 6 % (all 20 within ±20 %), the trivial model's 19 % (11 within); on the
-    fitted rows the two are alike (both within 12 %); on the held-out rows, which shaped mechanisms, 2 % and 9 %."""
+    fitted rows the two are alike (both within 12 %); on the held-out rows, which shaped mechanisms, 3 % and 9 %."""
     errors = _errors()
     out = errors["out of sample, A100"] + errors["out of sample, H100"]
     planner_err, trivial_err = zip(*out)
@@ -134,4 +134,4 @@ def test_rows_that_chose_nothing_tell_the_planner_from_the_trivial_model():
     fitted = errors["fitted, A100"] + errors["fitted, H100"]
     assert max(max(pair) for pair in fitted) < 0.12
     shaped = errors["held out, A100"] + errors["held out, H100"]  # fitted no constant, shaped a mechanism
-    assert [round(statistics.median(e), 2) for e in zip(*shaped)] == [0.02, 0.09]
+    assert [round(statistics.median(e), 2) for e in zip(*shaped)] == [0.03, 0.09]

@@ -344,6 +344,47 @@ def test_op_recompute_keeps_what_torchtitans_policy_saves_of_a_llama_layer():
     assert w.op_recompute_flops == 2 * (H * KV_HEADS * HEAD_DIM + HEADS * HEAD_DIM * H + H * 96)  # k, o, up
 
 
+def test_elementwise_traffic_counts_what_each_op_reads_and_writes():
+    """The counter's mode, on ops whose bytes are known: SiLU reads and writes x (2·t·h values), the product reads
+    two and writes one (3·t·h), both on the (tokens, h) activation; a view moves nothing; a (tokens, 2h) op is
+    the split kind. bf16: two bytes a value."""
+    from parlab.decide.planner.counting import _traffic_mode
+
+    t, h = 8, 16
+    x, wide = torch.randn(t, h, dtype=torch.bfloat16), torch.randn(t, 2 * h, dtype=torch.bfloat16)
+    with _traffic_mode(t, h) as mode:
+        torch.nn.functional.silu(x) * x.view(t, h)
+        wide.mul(2.0).t()
+    assert (mode.replicated, mode.split) == (5 * t * h * 2, 2 * t * 2 * h * 2)
+
+
+def test_eager_elementwise_bytes_per_token_and_over_tp():
+    """Eager: counted per token, the same at any length under a fused attention kernel; transformers' own
+    attention adds its s × s scores, so it grows with the length. Over tp the MLP's and attention's ops split,
+    the (tokens, h) ones only under sequence parallelism. Fused: what the layer saves, once forward and twice
+    backward."""
+    w = planner.Workload(_llama(), global_batch=4, seq_len=64, micro_batch=2)
+    forward, backward = w.elementwise_bytes()
+    assert w.elementwise == "eager" and backward > 2 * forward > 0
+    longer = replace(w, seq_len=256).elementwise_bytes()
+    torch.testing.assert_close(longer, (4 * forward, 4 * backward), rtol=2e-2, atol=0)
+    scores = [replace(w, seq_len=s, attention="eager").elementwise_bytes()[0] / s for s in (64, 256)]
+    assert scores[1] > scores[0] * 1.5 and scores[0] > forward / 64
+    sp = replace(w, sequence_parallel=True)
+    torch.testing.assert_close(sp.elementwise_bytes(2), tuple(b / 2 for b in sp.elementwise_bytes()))
+    assert all(b2 > b / 2 for b2, b in zip(w.elementwise_bytes(2), w.elementwise_bytes()))
+    fused = replace(w, elementwise="fused")
+    assert fused.elementwise_bytes() == (w.layer_bytes(), 2 * w.layer_bytes())
+    assert replace(w, fused=True, elementwise=None).elementwise == "fused"
+
+
+@pytest.mark.parametrize("changes, named", [(dict(elementwise="compiled"), "elementwise='compiled'"),
+                                            (dict(elementwise="eager", fused=True), "elementwise='eager'")])
+def test_elementwise_refuses_what_it_cannot_price(changes, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        planner.Workload(_llama(), global_batch=4, seq_len=SEQ, **changes)
+
+
 def test_op_recompute_prices_its_memory_and_its_rerun_products():
     """Memory: what the policy keeps, plus one layer whole while it is recomputed; time: k, o and up again,
     and the memory-bound pass."""
@@ -355,7 +396,7 @@ def test_op_recompute_prices_its_memory_and_its_rerun_products():
     redo = p.step_s - planner.predict(w, planner.Layout(dp=8), cluster, without=("recompute",)).step_s
     tokens = 4096
     expected = 2 * (tokens * w.op_recompute_flops / cluster.rate("bf16")
-                    + w.layer_bytes() / cluster.gpu.memory_bandwidth)  # two layers, one micro-batch
+                    + w.elementwise_bytes()[0] / cluster.gpu.memory_bandwidth)  # two layers, one micro-batch
     torch.testing.assert_close(redo, expected, rtol=1e-9, atol=0)
 
 

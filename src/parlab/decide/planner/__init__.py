@@ -28,7 +28,8 @@ weight and token, plus attention's 4·s·h, Narayanan et al. 2021's eq. 3; backw
 attention kernel's 2.5 × as it recomputes the scores, and the forward again under recomputation) at its
 GPU generation's one fitted share of peak (:data:`UTILIZATION`, :data:`H100_UTILIZATION`), a fused
 attention kernel's at its published rate where the GPU has one (:attr:`GPU.attention_flops`: the H100's,
-FlashAttention-2's), and their memory-bound work (the bytes they save for backward) at its memory bandwidth; tensor parallelism adds
+FlashAttention-2's), and their memory-bound work at its memory bandwidth (fused: the bytes they save for backward;
+eager: each op's own, counted, :meth:`Workload.elementwise_bytes`); tensor parallelism adds
 Megatron's all-reduces of one activation per layer and micro-batch (two forward, two backward, two more
 when recomputing), hidden only with ``tp_overlap`` (which needs sequence parallelism, as in Megatron-LM); a pipeline of p stages runs m micro-batches in
 m + (p − 1)/v slots (the bubble, chapter 06; v interleaved chunks) and sends 1/t of an activation each way

@@ -101,7 +101,7 @@ class FieldRun:
 #: Blackwells' share of peak, 0.56 (:func:`fitted_share`: 0.558), on the dense rows on the fewest GPUs at the
 #: shortest sequence, the rule chosen before any other row was priced with it. A generation has one share, of the
 #: peak of whatever precision its matrix products run in: FP8 reaches the same share of FP8 peak as bf16 of bf16
-#: peak (so FP8's products run at most twice as fast, as the peaks say), and the H100's is chapter 07's (0.66,
+#: peak (so FP8's products run at most twice as fast, as the peaks say), and the H100's is chapter 07's (0.68,
 #: fitted on MPT in bf16): no H100 row here, FP8 or bf16, fitted it. Every row not named here, in
 #: :data:`EXPERT_FITTED` or in :data:`TP_OVERLAP_FITTED` fitted nothing.
 FITTED = {"blackwell": ("Llama 3 8B, 8 GB200, FP8 current scaling", "Llama 3 8B, 8 GB200, MXFP8",

@@ -184,10 +184,11 @@ UTILIZATION = 0.61
 #: refitted once the fused attention kernel ran at its own published rate (:attr:`GPU.attention_flops`:
 #: 0.56 before), and again once llm-foundry's FSDP1 was priced with its collectives exposed and MPT's exact
 #: GELU (0.68 before; ``docs/planner.md``); NVLink 4 at what NCCL reaches (370 GB/s, not 450) left it at
-#: 0.66; the rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS` and
+#: 0.66, and counting MPT's elementwise ops eager (:meth:`~parlab.decide.planner.workload.Workload.elementwise_bytes`:
+#: each its own kernel, as llm-foundry ran them) 0.68; the rows of :data:`~parlab.decide.planner.published.H100_HELD_OUT_RUNS` and
 #: :data:`~parlab.decide.planner.published.H100_OUT_OF_SAMPLE_RUNS` fitted nothing, though the latter's
 #: memory miss prompted the GELU change that moved it.
-H100_UTILIZATION = 0.66
+H100_UTILIZATION = 0.68
 #: The B200's and GB200's share (:func:`cluster_of` ``"b200"``, ``"gb200"``), their generation's one fitted constant, of
 #: the peak of whichever precision the products run in: fitted on the dense Llama 3 8B rows on 8 B200s and 8 GB200s in
 #: FP8 (:data:`~parlab.decide.planner.field.FITTED`: 0.558, priced without recomputation as the runs ran; 0.619 while

@@ -26,7 +26,9 @@ class PublishedRun:
     the published seconds per step. On DGX A100 80 GB nodes (8 GPUs, NVSwitch, 8 × 200 Gb/s HDR) unless
     ``nodes_kind`` says ``"h100"`` (DGX H100: :func:`~parlab.decide.planner.hardware.cluster_of`), in ``precision``
     (bf16 unless the run's own scripts say fp16: it sets Megatron-LM's gradient dtype), sequences of ``seq_len`` (2048), full activation recomputation unless ``recompute`` says otherwise;
-    ``attention`` ``"eager"`` (Megatron's softmax of 2021-22 keeps the s × s scores) unless a fused kernel ran."""
+    ``attention`` ``"eager"`` (Megatron's softmax of 2021-22 keeps the s × s scores) unless a fused kernel ran;
+    ``elementwise`` ``"fused"`` (Megatron-LM's hand-written kernels: bias and GeLU, scale, mask and softmax, bias,
+    dropout and add, apex's LayerNorm) unless each op ran as its own kernel (MPT's llm-foundry: ``"eager"``)."""
 
     name: str
     shape: tuple  # layers, hidden, heads, vocabulary
@@ -44,6 +46,7 @@ class PublishedRun:
     nodes_kind: str = "nvlink"
     precision: str = "bf16"
     grad_dtype: str | None = None  # gradients kept and reduced in; None: the implementation's default
+    elementwise: str = "fused"
 
     @property
     def nodes(self) -> int:
@@ -65,7 +68,7 @@ class PublishedRun:
                   GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=2048))
         return Workload(config, global_batch=self.global_batch, seq_len=self.seq_len, micro_batch=self.micro_batch,
                         recompute=self.recompute, sequence_parallel=self.sequence_parallel, attention=self.attention,
-                        precision=self.precision)
+                        precision=self.precision, elementwise=self.elementwise)
 
     def predict(self, cluster: Cluster | None = None, **options) -> Prediction:
         """The planner's prediction of this run on its hardware; ``options`` go to :func:`predict`
@@ -143,7 +146,7 @@ def _mpt(name, seq_len, micro_batch, accumulation, tokens_per_gpu_s, checkpointi
                         f"{accumulation}, {tokens_per_gpu_s:,} tokens/s per GPU, activation checkpointing "
                         f"{checkpointing}; flash attention (their MFU counts attention's 4·s²·h per layer)",
                         family="mpt", implementation="fsdp1", recompute="full" if checkpointing else "none",
-                        seq_len=seq_len, attention="sdpa", nodes_kind="h100")
+                        seq_len=seq_len, attention="sdpa", nodes_kind="h100", elementwise="eager")
 
 
 # The same table's MPT 30B and 70B rows (FULL_SHARD, checkpointing on, 8 to 64 H100s): added out of sample,

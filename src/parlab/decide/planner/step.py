@@ -296,8 +296,9 @@ def _computation(w: Workload, layers: int, last: bool, layout: Layout, cluster: 
     one_attention = attention * tokens / tp / (kernel or rate)
     layers_s = layers * ((w.layer_flops - w.attention_flops) * tokens / tp / linear_rate + one_attention)
     output_s = (w.output_flops * tokens / tp / rate) if last else 0.0
-    # the layers' memory-bound work: what they save for backward, read and written once per pass at HBM speed
-    memory_s = 0.0 if "memory_bound" in off else layers * w.layer_bytes(tp) / layout.cp / cluster.gpu.memory_bandwidth
+    # the layers' memory-bound work (Workload.elementwise_bytes) at HBM speed; backward's beyond twice forward's
+    moved = (0.0, 0.0) if "memory_bound" in off else w.elementwise_bytes(tp)
+    memory_s, backward_memory = (layers * b / layout.cp / cluster.gpu.memory_bandwidth for b in moved)
     layers_s += memory_s
     forward = layers_s + output_s
     # torchtitan's op-level policy reruns k, o and up, and every memory-bound op of the layer
@@ -314,7 +315,8 @@ def _computation(w: Workload, layers: int, last: bool, layout: Layout, cluster: 
     if redo and w.recompute == "full":  # full recomputation runs each expert forward again
         fixed_backward += fixed_forward
     return (layers_s, forward + scaling / 3 + fixed_forward,
-            2 * forward + redo + fused + 2 * scaling / 3 + fixed_backward, one_attention)
+            2 * forward + redo + fused + 2 * scaling / 3 + fixed_backward + backward_memory - 2 * memory_s,
+            one_attention)
 
 
 def _messages(w: Workload, layout: Layout, cluster: Cluster, layers: int, off) -> tuple[float, float, float]:

@@ -7,10 +7,13 @@ import math
 from dataclasses import dataclass, field
 
 from parlab.lab.checks import positive_int
-from parlab.decide.planner.counting import experts_of, layer_bytes_of, layer_tensors_of, root_params
+from parlab.decide.planner.counting import experts_of, layer_tensors_of, root_params
+from parlab.decide.planner.layer_bytes import LayerBytes
 
 #: What a :class:`Workload`'s attention keeps for backward (the estimator's ``attention``, chapter 01).
 ATTENTIONS = ("sdpa", "eager", "cudnn")
+#: How a layer's other ops than its matrix products and attention run (:meth:`Workload.elementwise_bytes`).
+ELEMENTWISES = ("eager", "fused")
 #: How much of each layer's forward backward runs again.
 RECOMPUTES = ("none", "selective", "op", "full")
 #: The decoder layers whose matrix products run in Llama's order (q, k, v, o; gate, up, down), which
@@ -34,7 +37,7 @@ GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
-class Workload:
+class Workload(LayerBytes):
     """A model and its batch: ``model`` a transformers config or a ``parlab.decide.advice`` preset name;
     ``global_batch`` sequences of ``seq_len`` tokens per step, ``micro_batch`` of them per forward pass.
 
@@ -59,6 +62,10 @@ class Workload:
     ``fused``: the layer's elementwise work runs inside its matrix products' and attention's kernels
     (Transformer Engine under Megatron-Core, torch.compile under torchtitan), so a layer keeps only what those
     kernels need (:meth:`fused_layer_bytes`), not what transformers' eager modules keep (chapter 01).
+    ``elementwise``: how the layer's other ops than its products and attention run, ``"eager"`` (each its own
+    kernel, reading and writing its tensors: eager PyTorch, transformers) or ``"fused"`` (inside fused kernels:
+    ``fused=True``, or the hand-written kernels of Megatron-LM 2021-22); ``None``: ``"fused"`` if ``fused`` else
+    ``"eager"`` (:meth:`elementwise_bytes`).
 
     A mixture of experts is read from its config (Mixtral, Qwen-MoE, DeepSeek-V3: :attr:`experts`): FLOPs
     count the active experts (top-k, and the shared ones), memory every expert. ``capacity_factor``: each
@@ -84,6 +91,7 @@ class Workload:
     fp8_recipe: str = "tensorwise"
     fp8_gather: bool = False
     fused: bool = False
+    elementwise: str | None = None
     capacity_factor: float | None = None
     offload_layers: int = 0
     num_params: int = field(init=False)
@@ -124,6 +132,11 @@ class Workload:
         if self.capacity_factor is not None and not (self.experts and self.capacity_factor >= 1):
             raise ValueError(f"capacity_factor={self.capacity_factor!r}: at least 1, and only for a mixture of experts "
                              f"(this config has {'experts' if self.experts else 'none'}); None: dropless")
+        elementwise = self.elementwise or ("fused" if self.fused else "eager")
+        if elementwise not in ELEMENTWISES or (self.fused and elementwise == "eager"):
+            raise ValueError(f"elementwise={self.elementwise!r}; choose 'eager' (each op its own kernel) or 'fused' "
+                             f"(inside fused kernels, as always with fused=True)")
+        object.__setattr__(self, "elementwise", elementwise)
         recompute = "full" if self.checkpointing else (self.recompute or "none")
         object.__setattr__(self, "recompute", recompute)
         object.__setattr__(self, "checkpointing", recompute == "full")
@@ -265,48 +278,10 @@ class Workload:
         layer)."""
         return 2 * self.active_layer_params + self.attention_flops
 
-    def fused_layer_bytes(self, tp: int = 1) -> float:
-        """Bytes one layer of a fused stack keeps for backward per micro-batch on one of ``tp`` ranks (sequence
-        parallel): each norm's input and output, Q, K and V, attention's output (its log-sum-exp is negligible),
-        the MLP's two up-projections and their product: 2·h + 2·h + (a·d_qk + g·(d_qk + d_v)) + a·d_v + 2·f + f
-        values per token, in bf16; under FP8 the GEMMs' inputs (the norms' outputs, attention's output and the
-        product) are kept in FP8, one byte each (Transformer Engine, torchao). Under full recomputation only the
-        layer's input."""
-        tokens = self.micro_batch * self.seq_len
-        if self.recompute == "full":
-            return tokens * self.hidden * self.value_bytes / tp
-        h, f, (qk, v) = self.hidden, self.dense.intermediate_size, self.head_dims
-        kept16 = 2 * h + self.heads * qk + self.kv_heads * (qk + v) + 2 * f
-        gemm_inputs = 2 * h + self.heads * v + f
-        per_value = 1 if self.precision == "fp8" else self.value_bytes
-        return tokens * (kept16 * self.value_bytes + gemm_inputs * per_value) / tp
-
-    def kept_layer_bytes(self, tp: int = 1) -> float:
-        """Bytes one layer keeps for backward per micro-batch on one of ``tp`` ranks, as this workload runs: what
-        torchtitan's policy keeps (``recompute="op"``: :meth:`op_layer_bytes`), the layer's input (full
-        recomputation), what fused kernels keep (:meth:`fused_layer_bytes`), else what transformers' eager
-        modules keep (:meth:`layer_bytes`)."""
-        if self.recompute == "op":
-            return self.op_layer_bytes(tp)
-        if self.fused or self.recompute == "full":
-            return self.fused_layer_bytes(tp)
-        return self.layer_bytes(tp)
-
     @property
     def output_flops(self) -> float:
         """Forward FLOPs of the output layer per token, 2·h·V (ibid.; the embedding is a lookup, no FLOPs)."""
         return 2 * self.output_params
-
-    def layer_bytes(self, tp: int = 1) -> float:
-        """Bytes one layer's forward saves for backward on one of ``tp`` ranks (chapter 01's estimator, for this
-        architecture and ``attention``: eager keeps the s × s scores, sdpa does not). The layer's other work
-        than its matrix products (norms, softmax, dropout, activation function, residual adds) reads and
-        writes about these bytes, and is bound by memory bandwidth, not FLOPs: :func:`predict` prices it so.
-        Under ``sequence_parallel`` that work is split over the tp ranks too, as its activations are."""
-        from parlab.lab.measure.activations import config_json
-
-        return layer_bytes_of(config_json(self.dense), self.kept_attention, self.seq_len, self.micro_batch,
-                            self.value_bytes, tp, self.sequence_parallel and tp > 1)
 
     @property
     def layer_tensors(self) -> tuple[int, int]:
@@ -315,11 +290,6 @@ class Workload:
         from parlab.lab.measure.activations import config_json
 
         return layer_tensors_of(config_json(self.config))
-
-    @property
-    def kept_attention(self) -> str:
-        """What the attention keeps for backward: selective recomputation keeps what a fused kernel keeps."""
-        return "sdpa" if self.recompute in ("selective", "op") or self.attention == "cudnn" else self.attention
 
     @property
     def heads(self) -> int:
@@ -386,15 +356,3 @@ class Workload:
         does not keep (every second one: k, o and up), 2·(h·g·d_qk + a·d_v·h + h·f)."""
         h, f, (qk, v) = self.hidden, self.dense.intermediate_size, self.head_dims
         return 2 * (h * self.kv_heads * qk + self.heads * v * h + h * f)
-
-    def op_layer_bytes(self, tp: int = 1) -> float:
-        """Bytes one layer keeps per micro-batch on one of ``tp`` ranks under ``recompute="op"``: torchtitan's
-        policy keeps every op's output in its list but every second matrix product's (``_save_list``:
-        ``aten.mm``, the attention kernels, ``reduce_scatter``; ``torchtitan/parallelisms/parallelize_llama.py``
-        at 9dec370), so of a Llama layer: its input (h), q (a·d_qk), v (g·d_v), attention's output (a·d_v) and
-        log-sum-exp (a fp32 values), gate (f) and down (h) per token. Under torchao's FP8 the products are
-        ``_scaled_mm``, not in the list: only the input and attention's outputs are kept."""
-        h, f, (qk, v) = self.hidden, self.dense.intermediate_size, self.head_dims
-        products = 0 if self.precision == "fp8" else self.heads * qk + self.kv_heads * v + f + h
-        values = h + self.heads * v + products
-        return self.micro_batch * self.seq_len * (values * self.value_bytes + 4 * self.heads) / tp

@@ -365,7 +365,7 @@ def test_eager_elementwise_bytes_per_token_and_over_tp():
     backward."""
     w = planner.Workload(_llama(), global_batch=4, seq_len=64, micro_batch=2)
     forward, backward = w.elementwise_bytes()
-    assert w.elementwise == "eager" and backward > 2 * forward > 0
+    assert w.elementwise is None and backward > 2 * forward > 0
     longer = replace(w, seq_len=256).elementwise_bytes()
     torch.testing.assert_close(longer, (4 * forward, 4 * backward), rtol=2e-2, atol=0)
     scores = [replace(w, seq_len=s, attention="eager").elementwise_bytes()[0] / s for s in (64, 256)]
@@ -375,7 +375,7 @@ def test_eager_elementwise_bytes_per_token_and_over_tp():
     assert all(b2 > b / 2 for b2, b in zip(w.elementwise_bytes(2), w.elementwise_bytes()))
     fused = replace(w, elementwise="fused")
     assert fused.elementwise_bytes() == (w.layer_bytes(), 2 * w.layer_bytes())
-    assert replace(w, fused=True, elementwise=None).elementwise == "fused"
+    assert replace(w, fused=True).elementwise_bytes() == fused.elementwise_bytes()  # fused=True: fused, unasked
 
 
 @pytest.mark.parametrize("changes, named", [(dict(elementwise="compiled"), "elementwise='compiled'"),

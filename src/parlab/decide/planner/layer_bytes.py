@@ -53,7 +53,7 @@ class LayerBytes:
         the layer saves (:meth:`layer_bytes`) once forward and twice backward; eager, each op's own tensors,
         counted (:func:`~parlab.decide.planner.counting.elementwise_traffic`). The ops on the (tokens, h)
         activations run on every tp rank unless ``sequence_parallel``, the others are split over tp."""
-        if self.elementwise == "fused":
+        if self.fused or self.elementwise == "fused":
             saved = self.layer_bytes(tp)
             return saved, 2 * saved
         from parlab.lab.measure.activations import config_json

@@ -65,7 +65,8 @@ class Workload(LayerBytes):
     ``elementwise``: how the layer's other ops than its products and attention run, ``"eager"`` (each its own
     kernel, reading and writing its tensors: eager PyTorch, transformers) or ``"fused"`` (inside fused kernels:
     ``fused=True``, or the hand-written kernels of Megatron-LM 2021-22); ``None``: ``"fused"`` if ``fused`` else
-    ``"eager"`` (:meth:`elementwise_bytes`).
+    ``"eager"`` (:meth:`elementwise_bytes`; left as given, so that ``replace(w, fused=True)`` needs no second
+    change).
 
     A mixture of experts is read from its config (Mixtral, Qwen-MoE, DeepSeek-V3: :attr:`experts`): FLOPs
     count the active experts (top-k, and the shared ones), memory every expert. ``capacity_factor``: each
@@ -132,11 +133,9 @@ class Workload(LayerBytes):
         if self.capacity_factor is not None and not (self.experts and self.capacity_factor >= 1):
             raise ValueError(f"capacity_factor={self.capacity_factor!r}: at least 1, and only for a mixture of experts "
                              f"(this config has {'experts' if self.experts else 'none'}); None: dropless")
-        elementwise = self.elementwise or ("fused" if self.fused else "eager")
-        if elementwise not in ELEMENTWISES or (self.fused and elementwise == "eager"):
+        if self.elementwise not in (None, *ELEMENTWISES) or (self.fused and self.elementwise == "eager"):
             raise ValueError(f"elementwise={self.elementwise!r}; choose 'eager' (each op its own kernel) or 'fused' "
-                             f"(inside fused kernels, as always with fused=True)")
-        object.__setattr__(self, "elementwise", elementwise)
+                             f"(inside fused kernels, as always with fused=True), or None (as fused= says)")
         recompute = "full" if self.checkpointing else (self.recompute or "none")
         object.__setattr__(self, "recompute", recompute)
         object.__setattr__(self, "checkpointing", recompute == "full")

@@ -150,21 +150,17 @@ def elementwise_traffic(config_json: str, attention: str, seq_len: int, value_by
     import unittest.mock
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from parlab.lab.measure.activations import build_meta_model
 
     dtype = {2: torch.bfloat16, 4: torch.float32}[value_bytes]
+    eager = {"_attn_implementation": "eager"} if attention == "eager" else {}
     counts = []
     for layers in (1, 2):
-        data = json.loads(config_json)
-        config = AutoConfig.for_model(data.pop("model_type"), **data)
-        config.num_hidden_layers = layers
-        if attention == "eager":
-            config._attn_implementation = "eager"
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype).train()
+        model = build_meta_model(config_json, dtype, num_hidden_layers=layers, **eager).train()
         ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
-        fused = None if attention == "eager" else seq_len
-        forward, backward = (_traffic_mode(seq_len, config.hidden_size, fused) for _ in range(2))
+        fused = None if eager else seq_len
+        forward, backward = (_traffic_mode(seq_len, model.config.hidden_size, fused) for _ in range(2))
         with unittest.mock.patch("torch.nn.functional.scaled_dot_product_attention", _fused_attention), forward:
             logits = model(input_ids=ids).logits
         with backward:

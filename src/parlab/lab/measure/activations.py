@@ -174,15 +174,24 @@ def config_json(config) -> str:
 @functools.lru_cache(maxsize=16)
 def meta_model(config_json: str):
     """The model transformers builds for a config (given as its JSON), on the meta device: shapes, no
-    storage, nothing downloaded. Built from the JSON, so nothing is written into the caller's config."""
+    storage, nothing downloaded. Built from the JSON, so nothing is written into the caller's config. Cached and
+    shared: read it, do not run it (:func:`build_meta_model` builds one of your own)."""
+    return build_meta_model(config_json)
+
+
+def build_meta_model(config_json: str, dtype=None, **changes):
+    """A new model, as :func:`meta_model` builds it, of ``dtype`` (transformers' default if ``None``), its config's
+    attributes ``changes`` set first (``num_hidden_layers=1``)."""
     import json
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     data = json.loads(config_json)
     config = AutoConfig.for_model(data.pop("model_type"), **data)
+    for name, value in changes.items():
+        setattr(config, name, value)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config, **({"dtype": dtype} if dtype else {}))
 
 
 def _default_attention(config_json: str) -> str:

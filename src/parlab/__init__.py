@@ -15,15 +15,38 @@ The package has three floors, each importing only from itself and the floors bel
   exercises' checks, the experiments chapters run, the ``parlab`` command.
 """
 
-from parlab.lab.launch import LaunchError, RankCrashedError, RankError, RankTimeoutError, launch
-from parlab.lab.measure import CommLog, Timeline, count_params, estimate_memory, measure_memory, record_comm
-from parlab.lab.runtime import device, local_rank, rank, world_size
+import importlib
+
+# The public names, each from the module that defines it, imported on first use (PEP 562): ``import parlab``
+# costs nothing, so the ``parlab`` command and the ranks' start-up pay for torch only where they use it.
+_PUBLIC = {
+    "parlab.lab.launch": ("LaunchError", "RankCrashedError", "RankError", "RankTimeoutError", "launch"),
+    "parlab.lab.measure": ("CommLog", "Timeline", "count_params", "estimate_memory", "measure_memory",
+                           "record_comm"),
+    "parlab.lab.runtime": ("device", "local_rank", "rank", "world_size"),
+}
+_HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+_FLOORS = ("lab", "decide", "course")
 
 __version__ = "0.1.0"
 
 __all__ = ["launch", "rank", "world_size", "local_rank", "device", "LaunchError", "RankError",
            "RankCrashedError", "RankTimeoutError", "estimate_memory", "measure_memory", "count_params",
            "record_comm", "CommLog", "Timeline", "load_ipython_extension"]
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        value = getattr(importlib.import_module(_HOME[name]), name)
+        globals()[name] = value
+        return value
+    if name in _FLOORS:
+        return importlib.import_module(f"parlab.{name}")
+    raise AttributeError(f"module 'parlab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOME) | set(_FLOORS))
 
 
 def load_ipython_extension(ipython):

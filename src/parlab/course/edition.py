@@ -39,8 +39,12 @@ import difflib
 import pathlib
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from parlab.lab.language import current
+
+if TYPE_CHECKING:
+    import nbformat
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 #: The editions there are, and the language each translates into.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import math
 import pathlib
 import re
 from dataclasses import dataclass, field

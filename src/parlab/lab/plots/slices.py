@@ -154,7 +154,7 @@ def vocab_frames(world_size: int, vocab: int, tokens: int = 6) -> list:
     t = world_size
     words = contiguous(vocab, t)
     one = (None,)
-    slabs = [Slab("logits", words, 1, (1.6, 0.8), f"tokens × V"), Slab("max", one, 1, (0.16, 0.8), "tokens"),
+    slabs = [Slab("logits", words, 1, (1.6, 0.8), "tokens × V"), Slab("max", one, 1, (0.16, 0.8), "tokens"),
              Slab("Σ exp", one, 1, (0.16, 0.8), "tokens"), Slab("z_target", one, 1, (0.16, 0.8), "tokens")]
     owner_of_target = [PARTIAL] * t
     return _walk(slabs, t, [

@@ -668,8 +668,10 @@ def test_tp_overlap_is_an_option_off_by_default():
     pcie, tp8 = planner.cluster_of("pcie"), planner.Layout(tp=8)
     plain, overlapped = planner.predict(w, tp8, pcie), planner.predict(w, tp8, pcie, tp_overlap=True)
     assert plain.parts["tp"] > overlapped.parts["tp"] >= 0 and overlapped.step_s < plain.step_s
-    nvlink = planner.predict(w, tp8, planner.cluster_of("nvlink"), tp_overlap=True)
-    assert nvlink.parts["tp"] == 0.0  # over NVLink the layers' computation covers every all-reduce
+    nvlink = {name: planner.predict(w, tp8, planner.cluster_of("nvlink"), tp_overlap=o).parts["tp"]
+              for name, o in (("none", False), ("fitted", True), ("all", 1.0))}
+    assert nvlink["all"] == 0.0  # over NVLink the layers' computation covers every all-reduce: all of it can hide
+    assert nvlink["fitted"] == pytest.approx((1 - planner.TP_OVERLAP_HIDDEN["megatron"]) * nvlink["none"])
     no_sp = replace(w, sequence_parallel=False)
     with pytest.raises(ValueError, match="tp_overlap=True with tp=8 needs sequence parallelism"):
         planner.predict(no_sp, tp8, pcie, tp_overlap=True)

@@ -5,8 +5,8 @@ parallelism, HSDP, interleaved pipelines, on H100/H800, B200 and GB200, priced b
 The rows are data (:data:`~parlab.decide.planner.field_data.FIELD_RUNS`, each with its source); this module turns
 each into a workload, a layout and a cluster, and names the rows each fitted constant was fitted on: the
 Blackwells' share of peak (:data:`FITTED`), each generation's fixed cost per local expert
-(:data:`EXPERT_FITTED`) and PyTorch's async TP's share of TP hidden (:data:`TP_OVERLAP_FITTED`). Every other row
-fitted nothing."""
+(:data:`EXPERT_FITTED`) and each implementation's share of TP hidden, PyTorch's async TP's and Transformer
+Engine's (:data:`TP_OVERLAP_FITTED`). Every other row fitted nothing."""
 
 from __future__ import annotations
 
@@ -112,11 +112,17 @@ FITTED = {"blackwell": ("Llama 3 8B, 8 GB200, FP8 current scaling", "Llama 3 8B,
 #: the other rows are out of sample for the constants, not for the form.
 EXPERT_FITTED = {"blackwell": ("Qwen3 30B-A3B, 8 GB200, MXFP8", "Qwen3 30B-A3B, 8 B200, MXFP8"),
                  "h100": ("Qwen3 30B-A3B, 16 H100, FP8 current scaling",)}
-#: The pair of rows :data:`~parlab.decide.planner.step.TP_OVERLAP_HIDDEN`'s share for PyTorch's async TP was
-#: fitted on (:func:`fitted_tp_overlap`): torchtitan's two 70B runs that differ in async TP alone. Their ratio, not
-#: either step, fixes it: 829 → 876 tokens/s per GPU, 5.7 % faster, where hiding all of TP would have made it 38 %.
-TP_OVERLAP_FITTED = {"h100": ("Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, Float8",
-                              "Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, Float8, async TP")}
+#: The rows each implementation's share of TP hidden (:data:`~parlab.decide.planner.step.TP_OVERLAP_HIDDEN`) was
+#: fitted on (:func:`fitted_tp_overlap`). PyTorch's async TP (``"course"``): torchtitan's two 70B runs that differ in
+#: async TP alone. Their ratio, not either step, fixes it: 829 → 876 tokens/s per GPU, 5.7 % faster, where hiding
+#: all of TP would have made it 38 %. Transformer Engine's overlap (``"megatron"``): Megatron-Bridge's four rows
+#: with TP 4, at which the median of their predicted ÷ published steps is 1; its rows with TP 8 and TP 2 are held out.
+TP_OVERLAP_FITTED = {"course": ("Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, Float8",
+                                "Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, Float8, async TP"),
+                     "megatron": ("Llama 3.1 405B, 256 GB200, FP8 current scaling",
+                                  "Llama 3.1 405B, 128 B200, FP8 current scaling, CP 2",
+                                  "Llama 3.1 405B, 128 B200, MXFP8, CP 2",
+                                  "Llama 3 70B, 64 H100, FP8 current scaling")}
 #: Published runs that ran but that the planner says do not fit, each with what it leaves out (``docs/planner.md``).
 DOES_NOT_FIT = {
     "GPT-OSS 120B, 64 H100, BF16": "unexplained: 119 GB of 80 at the printed micro-batch of 4 (the recipe preset at "
@@ -144,7 +150,9 @@ def runs_named(names) -> tuple[FieldRun, ...]:
 def fitted_names(generation: str) -> tuple[str, ...]:
     """The rows that fitted any of ``generation``'s constants: :data:`FITTED`'s, :data:`EXPERT_FITTED`'s and
     :data:`TP_OVERLAP_FITTED`'s."""
-    return FITTED.get(generation, ()) + EXPERT_FITTED.get(generation, ()) + TP_OVERLAP_FITTED.get(generation, ())
+    overlap = tuple(run.name for names in TP_OVERLAP_FITTED.values() for run in runs_named(names)
+                    if run.generation == generation)
+    return FITTED.get(generation, ()) + EXPERT_FITTED.get(generation, ()) + overlap
 
 
 def role(run: FieldRun) -> str:
@@ -200,10 +208,21 @@ def fitted_expert_seconds(runs) -> float:
         for run, w in priced), 0.0, 0.01)
 
 
-def fitted_tp_overlap(pair=TP_OVERLAP_FITTED["h100"]) -> float:
-    """The share of the covered TP time async TP hides at which the planner's ratio of ``pair``'s steps (without,
-    with async TP) is the published one (:data:`TP_OVERLAP_FITTED`)."""
-    plain, overlapped = runs_named(pair)
+def fitted_tp_overlap(implementation: str = "course") -> float:
+    """The share of the covered TP time ``implementation``'s overlap hides, fitted on its rows of
+    :data:`TP_OVERLAP_FITTED`: for ``"course"`` (async TP) where the planner's ratio of the pair's steps (without,
+    with async TP) is the published one; for ``"megatron"`` where the median of the rows' predicted ÷ published
+    steps is 1."""
+    if implementation not in TP_OVERLAP_FITTED:
+        raise ValueError(f"implementation={implementation!r}: a TP overlap share is fitted for "
+                         f"{', '.join(map(repr, TP_OVERLAP_FITTED))}")
+    runs = runs_named(TP_OVERLAP_FITTED[implementation])
+    if implementation == "megatron":
+        priced = [(run, run.workload()) for run in runs]
+        return median_root(lambda h: statistics.median(
+            predict(w, run.layout, run.cluster(), **{**run.options(), "tp_overlap": h}).step_s / run.step_s
+            for run, w in priced), 0.0, 1.0)
+    plain, overlapped = runs
     published = plain.step_s / overlapped.step_s
     base = plain.predict().step_s
     return median_root(lambda h: base / overlapped.predict(tp_overlap=h).step_s / published, 0.0, 1.0)

@@ -162,9 +162,10 @@ def role(run: FieldRun) -> str:
 
 def baseline_shares() -> dict:
     """The trivial model's constant per generation, fitted on every row any of the planner's constants was
-    (:func:`fitted_names`): the Blackwells' on :data:`FITTED`'s and :data:`EXPERT_FITTED`'s, the H100's on chapter
-    07's MPT rows (``baseline_utilization``), :data:`EXPERT_FITTED`'s and :data:`TP_OVERLAP_FITTED`'s. One
-    constant each, where the planner has two or three."""
+    (:func:`fitted_names`): the Blackwells' on :data:`FITTED`'s, :data:`EXPERT_FITTED`'s and their
+    :data:`TP_OVERLAP_FITTED` rows, the H100's on chapter 07's MPT rows (``baseline_utilization``),
+    :data:`EXPERT_FITTED`'s and its :data:`TP_OVERLAP_FITTED` rows. One constant each, where the planner has two to
+    four."""
     from parlab.decide.planner.published import H100_CALIBRATION_RUNS
 
     rows = {g: list(runs_named(fitted_names(g))) for g in ("h100", "blackwell")}

@@ -62,12 +62,12 @@ DEEPSPEED_PREFETCH_PARAMS = 5e7
 DEEPSPEED_MAX_REUSE_DISTANCE = 1e9
 DEEPSPEED_MAX_LIVE_PARAMS = 1e9
 #: The share of the TP collectives that the layers' products cover which ``tp_overlap=True`` hides, per
-#: implementation, each an effective share fitted on published runs: it carries what the planner prices TP at and
-#: what splitting the products costs, not only what the overlap hides
-#: (:data:`~parlab.decide.planner.field.TP_OVERLAP_FITTED`). Transformer Engine's comm+GEMM overlap under
-#: ``"megatron"``: 0.27, fitted on Megatron-Bridge's four runs with TP 4 (0.270; all of it was assumed before,
-#: which priced its held-out 405B with TP 8 on 1,024 H100 22 % fast, now 8 %); under ``"deepspeed"`` and ``"fsdp1"``,
-#: whose TP is Megatron-LM's, assumed the same. PyTorch's async TP (torchtitan's, micro-pipelined on symmetric
+#: implementation. ``"megatron"``'s and ``"course"``'s are effective shares fitted on published runs
+#: (:data:`~parlab.decide.planner.field.TP_OVERLAP_FITTED`): they carry what the planner prices TP at and what
+#: splitting the products costs, not only what the overlap hides. Transformer Engine's comm+GEMM overlap under
+#: ``"megatron"``: 0.27, fitted on Megatron-Bridge's four runs with TP 4 (0.270, loosely: ``docs/planner.md``; all of
+#: it was assumed before, which priced its held-out 405B with TP 8 on 1,024 H100 22 % fast, now 8 %); under
+#: ``"deepspeed"`` and ``"fsdp1"``, whose TP is Megatron-LM's, assumed the same. PyTorch's async TP (torchtitan's, micro-pipelined on symmetric
 #: memory) under ``"course"``: 0.2, fitted on the one pair of runs that differ in async TP alone (0.194).
 TP_OVERLAP_HIDDEN = {"megatron": 0.27, "deepspeed": 0.27, "fsdp1": 0.27, "course": 0.2}
 

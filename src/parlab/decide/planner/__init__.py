@@ -31,7 +31,8 @@ attention kernel's at its published rate where the GPU has one (:attr:`GPU.atten
 FlashAttention-2's), and their memory-bound work at its memory bandwidth (fused: the bytes they save for backward;
 eager: each op's own, counted, :meth:`Workload.elementwise_bytes`); tensor parallelism adds
 Megatron's all-reduces of one activation per layer and micro-batch (two forward, two backward, two more
-when recomputing), hidden only with ``tp_overlap`` (which needs sequence parallelism, as in Megatron-LM); a pipeline of p stages runs m micro-batches in
+when recomputing), partly hidden with ``tp_overlap`` (each implementation's fitted share, :data:`TP_OVERLAP_HIDDEN`;
+it needs sequence parallelism, as in Megatron-LM); a pipeline of p stages runs m micro-batches in
 m + (p − 1)/v slots (the bubble, chapter 06; v interleaved chunks) and sends 1/t of an activation each way
 per micro-batch (scatter/gather, ibid. §4.1); data parallelism's collectives come from
 :func:`predict_dp_step` and :func:`zero3_step` (chapter 04), which know what each implementation of each

@@ -30,9 +30,7 @@ _FLOORS = ("lab", "decide", "course")
 
 __version__ = "0.1.0"
 
-__all__ = ["launch", "rank", "world_size", "local_rank", "device", "LaunchError", "RankError",
-           "RankCrashedError", "RankTimeoutError", "estimate_memory", "measure_memory", "count_params",
-           "record_comm", "CommLog", "Timeline", "load_ipython_extension"]
+__all__ = [*_HOME, "load_ipython_extension"]
 
 
 def __getattr__(name: str):

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 
 from parlab.lab.language import current
 
-if TYPE_CHECKING:
-    import nbformat
+if TYPE_CHECKING:  # each function imports nbformat where it reads or writes a notebook: its schema checks
+    import nbformat  # take 1.7 s to import, which `parlab --help` and every other command would pay
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 #: The editions there are, and the language each translates into.
@@ -126,7 +126,7 @@ def _check_lang(lang: str) -> None:
 def stale(chapter, lang: str = "zh", translations=None) -> list[Stale]:
     """The markdown cells of ``chapter`` whose translation is missing, empty, or keyed to English that has
     changed since (with the diff), and blocks of cells the English no longer has. Empty: current."""
-    import nbformat  # on first use: its schema checks take 1.7 s to import
+    import nbformat
     nb = nbformat.read(english(chapter), as_version=4)
     path = translation(chapter, lang, translations)
     blocks = {b.cell_id: b for b in read(path)} if path.exists() else {}
@@ -166,7 +166,7 @@ def read_minutes(chapter, texts: dict) -> float:
     by cell id: Chinese characters at :data:`~parlab.course.reading.CHINESE_CHARACTERS_PER_MINUTE`, Latin words
     and the code (the English chapter's, unchanged) at :data:`~parlab.course.reading.READING_RATE`. The main
     path ends where the English one does (its ``## Under the hood`` cell)."""
-    import nbformat  # on first use: its schema checks take 1.7 s to import
+    import nbformat
     from parlab.course import reading
 
     path = english(chapter)
@@ -245,7 +245,7 @@ def build(chapter, lang: str = "zh", translations=None) -> nbformat.NotebookNode
     """The ``lang`` edition of ``chapter``: the English notebook with each markdown cell's source replaced
     by its translation (links rewritten by :func:`relink`), and ``metadata.parlab.edition = lang``; nothing
     else changes. Raises :class:`EditionError` naming the stale cells."""
-    import nbformat  # on first use: its schema checks take 1.7 s to import
+    import nbformat
     problems = stale(chapter, lang, translations)
     path = translation(chapter, lang, translations)
     if problems:
@@ -273,7 +273,7 @@ def output(chapter, lang: str = "zh", notebooks=None) -> pathlib.Path:
 
 def new(chapter, lang: str = "zh", translations=None) -> pathlib.Path:
     """Start a translation of ``chapter``: every markdown cell's ``en`` filled, its translation empty."""
-    import nbformat  # on first use: its schema checks take 1.7 s to import
+    import nbformat
     path = translation(chapter, lang, translations)
     if path.exists():
         raise FileExistsError(f"{path} exists: edit it (`parlab edition {lang}` says which cells are stale)")
@@ -286,7 +286,7 @@ def new(chapter, lang: str = "zh", translations=None) -> pathlib.Path:
 def status(lang: str = "zh") -> list[str]:
     """One line per chapter: translated and current, its stale cells (with the English diffs), or not
     translated; and whether its built notebook is out of date."""
-    import nbformat  # on first use: its schema checks take 1.7 s to import
+    import nbformat
     from parlab.course.chapters import chapters
 
     lines, have = [], translated(lang)
@@ -309,7 +309,7 @@ def status(lang: str = "zh") -> list[str]:
 
 def build_all(lang: str = "zh") -> list[pathlib.Path]:
     """Write ``notebooks/<lang>/<stem>.ipynb`` for every translated chapter (no outputs)."""
-    import nbformat  # on first use: its schema checks take 1.7 s to import
+    import nbformat
     written = []
     for stem in sorted(translated(lang)):
         out = output(stem, lang)

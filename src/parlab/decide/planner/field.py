@@ -191,22 +191,25 @@ def _priced(runs):
     return [(run, run.workload()) for run in runs]
 
 
+def _median_fit(priced, low: float, high: float, price) -> float:
+    """The value in [``low``, ``high``] at which the median of the ``priced`` (run, workload) pairs' predicted ÷
+    published steps is 1, each predicted by ``price(run, workload, value)``."""
+    return median_root(lambda x: statistics.median(price(run, w, x).step_s / run.step_s for run, w in priced),
+                       low, high)
+
+
 def fitted_share(runs) -> float:
     """The generation's share of peak (the same for bf16 and FP8) at which the median of ``runs``' predicted ÷
     published steps is 1."""
-    priced = _priced(runs)
-    return median_root(lambda u: statistics.median(
-        predict(w, run.layout, run.cluster(utilization=u, fp8_utilization=u), **run.options()).step_s / run.step_s
-        for run, w in priced), 0.1, 1.0)
+    return _median_fit(_priced(runs), 0.1, 1.0, lambda run, w, u: predict(
+        w, run.layout, run.cluster(utilization=u, fp8_utilization=u), **run.options()))
 
 
 def fitted_expert_seconds(runs) -> float:
     """The generation's fixed cost of a local expert per MoE layer and micro-batch at which the median of
     ``runs``' predicted ÷ published steps is 1 (:data:`EXPERT_FITTED`)."""
-    priced = _priced(runs)
-    return median_root(lambda c: statistics.median(
-        predict(w, run.layout, run.cluster(expert_seconds=c), **run.options()).step_s / run.step_s
-        for run, w in priced), 0.0, 0.01)
+    return _median_fit(_priced(runs), 0.0, 0.01, lambda run, w, c: predict(
+        w, run.layout, run.cluster(expert_seconds=c), **run.options()))
 
 
 def fitted_tp_overlap(implementation: str = "course") -> float:
@@ -218,11 +221,9 @@ def fitted_tp_overlap(implementation: str = "course") -> float:
         raise ValueError(f"implementation={implementation!r}: a TP overlap share is fitted for "
                          f"{', '.join(map(repr, TP_OVERLAP_FITTED))}")
     runs = runs_named(TP_OVERLAP_FITTED[implementation])
-    if implementation == "megatron":
-        priced = [(run, run.workload()) for run in runs]
-        return median_root(lambda h: statistics.median(
-            predict(w, run.layout, run.cluster(), **{**run.options(), "tp_overlap": h}).step_s / run.step_s
-            for run, w in priced), 0.0, 1.0)
+    if implementation == "megatron":  # its rows span generations: one share for all
+        return _median_fit([(run, run.workload()) for run in runs], 0.0, 1.0, lambda run, w, h: predict(
+            w, run.layout, run.cluster(), **{**run.options(), "tp_overlap": h}))
     plain, overlapped = runs
     published = plain.step_s / overlapped.step_s
     base = plain.predict().step_s

@@ -62,14 +62,14 @@ DEEPSPEED_PREFETCH_PARAMS = 5e7
 DEEPSPEED_MAX_REUSE_DISTANCE = 1e9
 DEEPSPEED_MAX_LIVE_PARAMS = 1e9
 #: The share of the TP collectives that the layers' products cover which ``tp_overlap=True`` hides, per
-#: implementation. ``"megatron"``'s and ``"course"``'s are effective shares fitted on published runs
-#: (:data:`~parlab.decide.planner.field.TP_OVERLAP_FITTED`): they carry what the planner prices TP at and what
-#: splitting the products costs, not only what the overlap hides. Transformer Engine's comm+GEMM overlap under
-#: ``"megatron"``: 0.27, fitted on Megatron-Bridge's four runs with TP 4 (0.270, loosely: ``docs/planner.md``; all of
-#: it was assumed before, which priced its held-out 405B with TP 8 on 1,024 H100 22 % fast, now 8 %); under
-#: ``"deepspeed"`` and ``"fsdp1"``, whose TP is Megatron-LM's, assumed the same. PyTorch's async TP (torchtitan's, micro-pipelined on symmetric
-#: memory) under ``"course"``: 0.2, fitted on the one pair of runs that differ in async TP alone (0.194).
-TP_OVERLAP_HIDDEN = {"megatron": 0.27, "deepspeed": 0.27, "fsdp1": 0.27, "course": 0.2}
+#: implementation of TP: effective shares fitted on published runs (:data:`~parlab.decide.planner.field.TP_OVERLAP_FITTED`),
+#: carrying what the planner prices TP at and what splitting the products costs, not only what the overlap hides.
+#: Transformer Engine's comm+GEMM overlap (``"megatron"``): 0.27, on Megatron-Bridge's four runs with TP 4 (0.270,
+#: loosely: ``docs/planner.md``; all of it was assumed before, which priced its held-out 405B with TP 8 on 1,024 H100
+#: 22 % fast, now 8 %). PyTorch's async TP (``"course"``, torchtitan's): 0.2, on the one pair of runs that differ in
+#: async TP alone (0.194). ``"deepspeed"`` and ``"fsdp1"`` run Megatron-LM's TP (:data:`TP_OF`).
+TP_OVERLAP_HIDDEN = {"megatron": 0.27, "course": 0.2}
+TP_OF = {"deepspeed": "megatron", "fsdp1": "megatron"}
 
 
 def deepspeed_backward_gathers(layer_params: float, recompute: str) -> int:
@@ -160,7 +160,7 @@ def _priced(workload: Workload, layout: Layout, cluster: Cluster, *, implementat
         raise ValueError(f"tp_overlap=True with tp={layout.tp} needs sequence parallelism (Megatron-LM's arguments.py: "
                          f"TP communication/GEMM overlap 'can happen only when sequence parallelism is enabled'; "
                          f"torchtitan's async TP is built on it): use a Workload with sequence_parallel=True")
-    hidden = TP_OVERLAP_HIDDEN[implementation] if tp_overlap is True else float(tp_overlap)
+    hidden = TP_OVERLAP_HIDDEN[TP_OF.get(implementation, implementation)] if tp_overlap is True else float(tp_overlap)
     pp, v = layout.pp, layout.vp
     # the slowest stage sets the pipeline's pace; the heaviest holds the most memory
     work = [n + (w.output_flops / w.layer_flops if s == pp - 1 else 0.0) for s, n in enumerate(stages)]
